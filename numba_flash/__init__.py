@@ -1,0 +1,28 @@
+"""numba-flash: exact FlashAttention in Python, with numba.cuda kernels and a NumPy CPU mode.
+
+Public API:
+
+- ``numba_flash.attention(q, k, v, ...)``: exact attention on GPU arrays (CuPy, PyTorch CUDA
+  tensors, anything with ``__cuda_array_interface__``) or NumPy arrays (CPU mode).
+- ``numba_flash.masks``: mask constructors (causal documents, prefix-LM, trees, ...).
+- ``numba_flash.__version__``.
+
+Importing this package compiles nothing and needs no GPU: numba.cuda and CuPy are imported only
+when a GPU call is made, and ``masks`` is loaded on first access.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .api import attention
+
+__all__ = ["attention", "masks", "__version__"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name == "masks":
+        module = importlib.import_module(".masks", __name__)
+        globals()["masks"] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

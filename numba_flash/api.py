@@ -1,0 +1,104 @@
+"""``numba_flash.attention``: validate the call, then hand it to CPU mode or the CUDA kernels."""
+from __future__ import annotations
+
+import importlib
+
+from .validation import validate
+
+__all__ = ["attention"]
+
+_CUDA_MISSING = ("the CUDA backend is not available yet: numba_flash.cuda.launch.attention_cuda "
+                 "is missing from this installation; NumPy inputs run in CPU mode "
+                 "(backend='auto' or 'cpu')")
+
+
+def _load_attention_cuda():
+    """The CUDA entry point, imported on first use so that ``import numba_flash`` stays light."""
+    try:
+        launch = importlib.import_module("numba_flash.cuda.launch")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("numba_flash.cuda", "numba_flash.cuda.launch"):
+            raise NotImplementedError(_CUDA_MISSING) from exc
+        raise
+    entry = getattr(launch, "attention_cuda", None)
+    if entry is None:
+        raise NotImplementedError(_CUDA_MISSING)
+    return entry
+
+
+def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
+              mask=None, softcap=None, return_lse=False, backend="auto", stream=None):
+    """Exact scaled dot-product attention (FlashAttention), on the GPU or on the CPU.
+
+    Parameters
+    ----------
+    q : array (batch, seqlen_q, heads_q, head_dim)
+    k, v : arrays (batch, seqlen_k, heads_kv, head_dim)
+        One dtype for all three: float16, bfloat16, float32 or float64. Either all NumPy
+        ndarrays (bfloat16 as ``ml_dtypes.bfloat16``), which run in CPU mode, or all GPU arrays
+        exposing ``__cuda_array_interface__`` (CuPy arrays, PyTorch CUDA tensors, Numba device
+        arrays), which run the CUDA kernels. GPU arrays may have any strides as long as head_dim
+        is contiguous (a transposed view of a (B, H, S, D) tensor works without a copy).
+        ``heads_q`` must be a multiple of ``heads_kv`` (GQA/MQA): query head ``h`` reads kv head
+        ``h // (heads_q // heads_kv)``.
+    softmax_scale : float, optional
+        Scores are ``softmax_scale * q . k``; default ``1 / sqrt(head_dim)``.
+    causal : bool
+        Query row ``i`` sees key ``j`` only if ``j <= i + seqlen_k - seqlen_q`` (bottom-right
+        alignment, as with a KV cache).
+    window_size : (int, int)
+        Sliding window ``(left, right)`` on aligned positions: key ``j`` is visible from the
+        query at position ``i`` iff ``i - left <= j <= i + right``; -1 leaves a side unbounded.
+    sinks : int
+        With a bounded window, the first ``sinks`` keys stay visible (causally) to every query
+        (StreamingLLM attention sinks).
+    mask : numba_flash.masks mask object, optional
+        Any mask from :mod:`numba_flash.masks` (documents, prefix-LM, trees, dense boolean...).
+        It is intersected with ``causal`` / ``window_size``.
+    softcap : float > 0, optional
+        Scores become ``softcap * tanh(score / softcap)`` before masking (Gemma-2, Grok).
+    return_lse : bool
+        Also return the log-sum-exp of each query row.
+    backend : {"auto", "cpu", "cuda"}
+        "auto" runs NumPy inputs in CPU mode and GPU arrays on the GPU. "cuda" with NumPy arrays
+        is allowed only under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``).
+    stream : optional
+        CUDA stream for the GPU backend (default: the current stream); must be None in CPU mode.
+
+    Returns
+    -------
+    out : array (batch, seqlen_q, heads_q, head_dim), same kind and dtype as q
+    lse : array (batch, heads_q, seqlen_q), float32, only with ``return_lse=True``
+        Natural-log log-sum-exp of the scaled, soft-capped visible scores of each query row.
+        A query row that sees no key gets ``out = 0`` and ``lse = -inf``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments; the message names the argument, what it got and what was expected.
+    NotImplementedError
+        For GPU inputs while the CUDA backend is not installed.
+
+    Examples
+    --------
+    >>> import numpy as np, numba_flash
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((1, 5, 4, 16)).astype(np.float32)
+    >>> k = rng.standard_normal((1, 7, 2, 16)).astype(np.float32)
+    >>> v = rng.standard_normal((1, 7, 2, 16)).astype(np.float32)
+    >>> out, lse = numba_flash.attention(q, k, v, causal=True, return_lse=True)
+    >>> out.shape, out.dtype, lse.shape, lse.dtype
+    ((1, 5, 4, 16), dtype('float32'), (1, 4, 5), dtype('float32'))
+    """
+    problem = validate(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                       window_size=window_size, sinks=sinks, mask=mask, softcap=softcap,
+                       return_lse=return_lse, backend=backend, stream=stream)
+    options = dict(softmax_scale=problem.softmax_scale, causal=problem.causal,
+                   window_size=problem.window_size, sinks=problem.sinks, mask=problem.mask,
+                   softcap=problem.softcap, return_lse=problem.return_lse)
+    if problem.backend == "cpu":
+        from .cpu import attention_cpu
+
+        return attention_cpu(q, k, v, **options)
+    attention_cuda = _load_attention_cuda()
+    return attention_cuda(q, k, v, stream=stream, **options)

@@ -1,0 +1,154 @@
+"""Classify the arrays handed to ``numba_flash.attention``: host (NumPy) or GPU (CUDA array interface).
+
+GPU arrays are read through ``__cuda_array_interface__`` alone, so CuPy arrays, PyTorch CUDA
+tensors and Numba device arrays are all accepted without importing any of those libraries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ArrayInfo", "describe", "describe_all", "bfloat16_dtype", "ACCEPTED"]
+
+ACCEPTED = ("a NumPy ndarray (CPU mode), or a GPU array exposing __cuda_array_interface__ "
+            "(CuPy array, PyTorch CUDA tensor, Numba device array)")
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What the library needs to know about one input array.
+
+    kind: "numpy" or "cuda"; shape: tuple of ints; dtype: a NumPy dtype (bfloat16 is
+    ``ml_dtypes.bfloat16``'s dtype); strides: bytes per step along each axis; device: the CUDA
+    device ordinal where the array says so, else None (always None for NumPy arrays).
+    """
+
+    kind: str
+    shape: tuple
+    dtype: np.dtype
+    strides: tuple
+    device: int | None
+    type_name: str
+
+
+def bfloat16_dtype() -> np.dtype:
+    """The NumPy dtype used for bfloat16 (``ml_dtypes.bfloat16``)."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _type_name(obj) -> str:
+    cls = type(obj)
+    module = cls.__module__
+    return cls.__name__ if module == "builtins" else f"{module}.{cls.__name__}"
+
+
+def _names_bfloat16(obj) -> bool:
+    # torch.bfloat16 prints as "torch.bfloat16"; NumPy/ml_dtypes dtypes have .name "bfloat16".
+    dtype = getattr(obj, "dtype", None)
+    if dtype is None:
+        return False
+    name = getattr(dtype, "name", None)
+    return (isinstance(name, str) and name == "bfloat16") or str(dtype).endswith("bfloat16")
+
+
+def _cuda_interface(obj):
+    """The object's ``__cuda_array_interface__`` dict, or None when it has none."""
+    try:
+        return obj.__cuda_array_interface__
+    except AttributeError:
+        # PyTorch CPU tensors raise AttributeError from the property: not a GPU array.
+        return None
+
+
+def _device_ordinal(obj) -> int | None:
+    try:
+        device = getattr(obj, "device", None)
+    except Exception:  # noqa: BLE001 - a broken property must not hide the real error
+        return None
+    for attr in ("id", "index"):  # cupy.cuda.Device.id, torch.device.index
+        value = getattr(device, attr, None)
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            return int(value)
+    return None
+
+
+def _c_strides(shape, itemsize) -> tuple:
+    strides, step = [], itemsize
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
+def describe(obj, name: str) -> ArrayInfo:
+    """Classify ``obj`` (the argument called ``name``) and read its shape, dtype, strides, device.
+
+    NumPy ndarray -> kind "numpy"; anything with ``__cuda_array_interface__`` -> kind "cuda".
+    Anything else raises TypeError naming the argument and listing what is accepted.
+    """
+    if isinstance(obj, np.ndarray):
+        if isinstance(obj, np.ma.MaskedArray):
+            raise TypeError(f"{name} is a NumPy masked array; attention ignores no elements, so "
+                            f"pass a plain ndarray (np.asarray({name})) and express visibility "
+                            f"with mask=/causal=/window_size=")
+        return ArrayInfo("numpy", tuple(int(s) for s in obj.shape), obj.dtype,
+                         tuple(int(s) for s in obj.strides), None, _type_name(obj))
+    interface = _cuda_interface(obj)
+    if interface is None:
+        hint = ""
+        if type(obj).__module__.startswith("torch"):
+            hint = "; a PyTorch tensor must live on the GPU (tensor.cuda()) or be converted " \
+                   "with tensor.numpy()"
+        elif isinstance(obj, (list, tuple)):
+            hint = f"; convert it first, e.g. np.asarray({name}, dtype=np.float32)"
+        raise TypeError(f"{name} must be {ACCEPTED}, got {_type_name(obj)}{hint}")
+    if not isinstance(interface, dict) or "shape" not in interface or "typestr" not in interface:
+        raise TypeError(f"{name} has a malformed __cuda_array_interface__ (expected a dict with "
+                        f"'shape' and 'typestr'), got {interface!r}")
+    shape = tuple(int(s) for s in interface["shape"])
+    typestr = interface["typestr"]
+    if _names_bfloat16(obj):
+        dtype = bfloat16_dtype()
+    else:
+        try:
+            dtype = np.dtype(typestr)
+        except TypeError:
+            raise TypeError(f"{name} has an unreadable __cuda_array_interface__ typestr "
+                            f"{typestr!r}") from None
+        if dtype.kind == "V" and dtype.itemsize == 2:
+            # "<V2" is how ml_dtypes/JAX spell bfloat16 in array interfaces.
+            dtype = bfloat16_dtype()
+    strides = interface.get("strides")
+    if strides is None:
+        strides = _c_strides(shape, dtype.itemsize)
+    return ArrayInfo("cuda", shape, dtype, tuple(int(s) for s in strides), _device_ordinal(obj),
+                     _type_name(obj))
+
+
+_KIND_WORDS = {"numpy": "a NumPy array (host memory)",
+               "cuda": "a GPU array (__cuda_array_interface__)"}
+
+
+def describe_all(**arrays) -> dict:
+    """Classify several named arrays at once; all must be of one kind and (for GPUs) one device.
+
+    Returns {name: ArrayInfo} in the order given. Mixed kinds raise TypeError naming both
+    arguments; GPU arrays on different devices raise ValueError naming both.
+    """
+    infos = {name: describe(obj, name) for name, obj in arrays.items()}
+    names = list(infos)
+    first = names[0]
+    for other in names[1:]:
+        a, b = infos[first], infos[other]
+        if a.kind != b.kind:
+            raise TypeError(f"{first} and {other} must be arrays of the same kind, got {first} "
+                            f"{_KIND_WORDS[a.kind]} ({a.type_name}) and {other} "
+                            f"{_KIND_WORDS[b.kind]} ({b.type_name}); move both to the GPU "
+                            f"(e.g. cupy.asarray) or both to the host (e.g. cupy.asnumpy)")
+        if a.device is not None and b.device is not None and a.device != b.device:
+            raise ValueError(f"{first} and {other} must be on the same GPU, got {first} on "
+                             f"device {a.device} and {other} on device {b.device}")
+    return infos

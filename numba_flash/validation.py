@@ -1,0 +1,235 @@
+"""Argument checks for ``numba_flash.attention``.
+
+Every failure is a TypeError (wrong kind of value) or ValueError (right kind, wrong value) whose
+message names the argument, what it got and what was expected.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from numba_flash_reference.masks import Mask, check_window_size, mask_from_flags
+
+from .arrays import describe_all
+
+__all__ = ["Problem", "validate", "SUPPORTED_DTYPES", "BACKENDS", "cuda_simulator_enabled"]
+
+SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
+BACKENDS = ("auto", "cpu", "cuda")
+
+_Q_AXES = "(batch, seqlen_q, heads_q, head_dim)"
+_KV_AXES = "(batch, seqlen_k, heads_kv, head_dim)"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated attention call: sizes, dtype, normalised options and the chosen backend.
+
+    ``backend`` is "cpu" or "cuda" (never "auto"); ``softmax_scale`` is a float (the default
+    1/sqrt(head_dim) filled in); ``window_size`` is a pair of ints; ``mask`` is the user's mask
+    object or None. ``infos`` holds the ArrayInfo of q, k and v.
+    """
+
+    kind: str
+    backend: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: np.dtype
+    softmax_scale: float
+    causal: bool
+    window_size: tuple
+    sinks: int
+    mask: Mask | None
+    softcap: float | None
+    return_lse: bool
+    infos: dict
+
+
+def cuda_simulator_enabled() -> bool:
+    """True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``), read without numba.cuda."""
+    try:
+        if int(os.environ.get("NUMBA_ENABLE_CUDASIM", "0") or 0):
+            return True
+    except ValueError:
+        pass
+    config = sys.modules.get("numba.core.config")
+    return bool(getattr(config, "ENABLE_CUDASIM", False))
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not _is_bool(value)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not _is_bool(value)
+
+
+def _check_bool(name, value) -> bool:
+    if not _is_bool(value):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} "
+                        f"{value!r}")
+    return bool(value)
+
+
+def _check_softmax_scale(value, head_dim) -> float:
+    if value is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not _is_real(value):
+        raise TypeError(f"softmax_scale must be None or a real number, got "
+                        f"{type(value).__name__} {value!r}")
+    if not math.isfinite(float(value)) or float(value) == 0.0:
+        raise ValueError(f"softmax_scale must be finite and non-zero, got {value!r}")
+    return float(value)
+
+
+def _check_softcap(value) -> float | None:
+    if value is None:
+        return None
+    if not _is_real(value):
+        raise TypeError(f"softcap must be None or a real number >= 0, got "
+                        f"{type(value).__name__} {value!r}")
+    value = float(value)
+    if value == 0.0:
+        return None  # flash-attn's spelling of "no softcap"
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"softcap must be None or 0.0 (no capping) or a finite number > 0, "
+                         f"got {value!r}")
+    return value
+
+
+def _check_sinks(value) -> int:
+    if not _is_int(value):
+        raise TypeError(f"sinks must be an integer >= 0, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"sinks must be >= 0, got {value}")
+    return int(value)
+
+
+def _check_mask(value) -> Mask | None:
+    if value is None or isinstance(value, Mask):
+        return value
+    raise TypeError(f"mask must be None or a mask object from numba_flash.masks (a subclass of "
+                    f"numba_flash_reference.masks.Mask), got {type(value).__name__}; a boolean "
+                    f"matrix must be wrapped in a mask object first")
+
+
+def _check_backend_value(value) -> str:
+    if not isinstance(value, str) or value not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(repr(b) for b in BACKENDS)}, "
+                         f"got {value!r}")
+    return value
+
+
+def _resolve_backend(backend: str, kind: str, stream) -> str:
+    if backend == "auto":
+        chosen = "cpu" if kind == "numpy" else "cuda"
+    elif backend == "cpu":
+        if kind != "numpy":
+            raise ValueError("backend='cpu' runs on NumPy arrays, got GPU arrays; copy them to the "
+                             "host first (e.g. cupy.asnumpy) or use backend='auto' or 'cuda'")
+        chosen = "cpu"
+    else:
+        if kind == "numpy" and not cuda_simulator_enabled():
+            raise ValueError("backend='cuda' needs GPU arrays (CuPy, PyTorch CUDA tensors, ...), "
+                             "got NumPy arrays; NumPy inputs reach the CUDA kernels only under "
+                             "Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1). Move the arrays "
+                             "to the GPU (cupy.asarray) or use backend='auto' or 'cpu'")
+        chosen = "cuda"
+    if chosen == "cpu" and stream is not None:
+        raise ValueError(f"stream applies to the CUDA backend only; CPU mode (NumPy inputs) needs "
+                         f"stream=None, got {stream!r}")
+    return chosen
+
+
+def _check_shapes(infos: dict) -> tuple:
+    q, k, v = infos["q"], infos["k"], infos["v"]
+    for name, info, axes in (("q", q, _Q_AXES), ("k", k, _KV_AXES), ("v", v, _KV_AXES)):
+        if len(info.shape) != 4:
+            raise ValueError(f"{name} must have 4 dimensions {axes}, got shape {info.shape}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape {_KV_AXES}, got k {k.shape} and "
+                         f"v {v.shape}")
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    batch_k, seqlen_k, heads_kv, head_dim_k = k.shape
+    for name, info, axes in (("q", q, _Q_AXES), ("k", k, _KV_AXES)):
+        labels = axes.strip("()").split(", ")
+        for label, size in zip(labels, info.shape):
+            if size < 1:
+                raise ValueError(f"{name} must have {label} >= 1, got shape {info.shape} "
+                                 f"{axes}")
+    if batch_k != batch:
+        raise ValueError(f"q and k must have the same batch size, got q.shape[0]={batch} and "
+                         f"k.shape[0]={batch_k}")
+    if head_dim_k != head_dim:
+        raise ValueError(f"q and k must have the same head_dim, got q.shape[3]={head_dim} and "
+                         f"k.shape[3]={head_dim_k}")
+    if heads_q % heads_kv:
+        raise ValueError(f"heads_q must be a multiple of heads_kv (grouped-query attention), got "
+                         f"q.shape[2]={heads_q} and k.shape[2]={heads_kv}")
+    return batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
+
+
+def _check_dtypes(infos: dict) -> np.dtype:
+    names = {name: info.dtype.name for name, info in infos.items()}
+    if len(set(names.values())) > 1:
+        got = ", ".join(f"{n} {d}" for n, d in names.items())
+        raise TypeError(f"q, k and v must have the same dtype, got {got}")
+    dtype = infos["q"].dtype
+    if dtype.name not in SUPPORTED_DTYPES:
+        raise TypeError(f"q, k and v have dtype {dtype.name}; expected one of "
+                        f"{', '.join(SUPPORTED_DTYPES)} (bfloat16 is ml_dtypes.bfloat16 for NumPy)")
+    return dtype
+
+
+def _check_gpu_strides(infos: dict) -> None:
+    for name, info in infos.items():
+        itemsize = info.dtype.itemsize
+        if info.shape[3] > 1 and info.strides[3] != itemsize:
+            raise ValueError(f"{name} must have a contiguous head_dim (last axis stride "
+                             f"{itemsize} bytes), got strides {info.strides}; make a copy with "
+                             f"contiguous last axis (e.g. cupy.ascontiguousarray)")
+        if any(s % itemsize for s in info.strides):
+            raise ValueError(f"{name} strides must be multiples of the itemsize {itemsize}, got "
+                             f"{info.strides}")
+
+
+def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
+             mask=None, softcap=None, return_lse=False, backend="auto", stream=None) -> Problem:
+    """Check every argument of ``numba_flash.attention`` and return the normalised Problem.
+
+    q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
+    dtype among float16, bfloat16, float32, float64; all NumPy arrays or all GPU arrays.
+    Raises TypeError / ValueError naming the offending argument.
+    """
+    infos = describe_all(q=q, k=k, v=v)
+    kind = infos["q"].kind
+    backend = _check_backend_value(backend)
+    causal = _check_bool("causal", causal)
+    return_lse = _check_bool("return_lse", return_lse)
+    window_size = check_window_size(window_size)
+    sinks = _check_sinks(sinks)
+    mask = _check_mask(mask)
+    softcap = _check_softcap(softcap)
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = _check_shapes(infos)
+    dtype = _check_dtypes(infos)
+    softmax_scale = _check_softmax_scale(softmax_scale, head_dim)
+    chosen = _resolve_backend(backend, kind, stream)
+    if kind == "cuda":
+        _check_gpu_strides(infos)
+    combined = mask_from_flags(causal, window_size, sinks, mask)
+    if combined is not None:
+        combined._check_sizes(seqlen_q, seqlen_k)
+    return Problem(kind, chosen, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype,
+                   softmax_scale, causal, window_size, sinks, mask, softcap, return_lse, infos)
