@@ -1,0 +1,447 @@
+"""Tiled FlashAttention-2 forward kernels (prefill), specialised by closure constants.
+
+Two kernel families, both built by factories whose arguments are compile-time constants:
+
+* ``make_mma_kernel``: float16 / bfloat16 on tensor cores (``mma.sync`` m16n8k16, fp32
+  accumulation). A block of 4 warps owns a 64-row query tile, each warp 16 rows; K and V tiles
+  of ``block_n`` keys stream through shared memory (V stored transposed, so that its B fragments
+  are single 32-bit words); scores, running max/sum and the output accumulator stay in
+  registers and the score fragment becomes the A operand of P @ V without leaving them.
+  Inputs are passed as ``uint32`` views (two 16-bit values per word along head_dim).
+* ``make_fma_kernel``: exact float32 / float64 paths on CUDA cores, one thread per query row,
+  K/V tiles in shared memory, online softmax per tile.
+
+Shapes (kernel arguments): q (B, Sq, Hq, W), k and v (B, Sk, Hkv, W), out (B, Sq, Hq, W) where
+W = head_dim / 2 words for the mma kernel and W = head_dim elements for the FMA kernel; lse
+float32 (B, Hq, Sq). Any strides. Grid: (number of query tiles, B * Hq).
+
+Masks are implicit: a left window bound, a right window bound (causal is right = 0), and
+attention sinks (only with a left bound). Key tiles with no visible pair are never loaded; tiles
+where every pair is visible skip per-element masking.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+from numba.cuda import types
+
+from .warp import SIMULATOR, exp2, mma_bf16, mma_f16, pack_bf16, pack_f16, shfl_xor
+
+__all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "FMA_BLOCK_M",
+           "mma_block_n", "fma_block_n"]
+
+MMA_BLOCK_M = 64
+MMA_THREADS = 128
+FMA_BLOCK_M = 64
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def _jit(fn):
+    # On-disk caching: closures are cached per value of their cells (see launch.py).
+    return cuda.jit(fn) if SIMULATOR else cuda.jit(cache=True)(fn)
+
+
+def mma_block_n(head_dim: int) -> int:
+    """Keys per K/V tile of the tensor-core kernel (fits 48 KB of static shared memory)."""
+    return 64 if head_dim <= 128 else 32
+
+
+def fma_block_n(head_dim: int, itemsize: int) -> int:
+    """Keys per K/V tile of the FMA kernel: K and V tiles together stay within 32 KB."""
+    return max(4, min(32, 16384 // (head_dim * itemsize)))
+
+
+def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
+                    has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int):
+    """Build the tensor-core kernel for one configuration (all arguments compile-time).
+
+    Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2,
+    cap_in, cap_out, window_left, window_right, sinks)``; q/k/v/out uint32 (B, S, H, D/2),
+    lse float32 (B, Hq, Sq); float scalars as float32. With softcap the base-2 score is
+    ``cap_out * tanh(cap_in * q.k)``, else ``scale_log2 * q.k``.
+    """
+    D = head_dim
+    BM, BN = MMA_BLOCK_M, block_n
+    DW = D // 2
+    KS, NS, NP, ND = D // 16, BN // 8, BN // 16, D // 8
+    QF, SF, OF = KS * 4, NS * 4, ND * 4
+    K_STRIDE = DW + 4           # +4 words: the 8 rows a B-fragment load touches hit distinct banks
+    VT_STRIDE = BN // 2 + 4
+    K_ITEMS = BN * DW
+    V_ITEMS = (BN // 2) * DW
+    NTHREADS = MMA_THREADS
+    mma = mma_bf16 if is_bf16 else mma_f16
+    pack = pack_bf16 if is_bf16 else pack_f16
+    NEG_INF = -math.inf
+
+    def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
+               window_left, window_right, sinks):
+        n_qtiles = cuda.gridDim.x
+        qtile = n_qtiles - 1 - cuda.blockIdx.x      # longest (causal) tiles first
+        heads_q = q.shape[2]
+        b = cuda.blockIdx.y // heads_q
+        h = cuda.blockIdx.y % heads_q
+        hk = h // heads_ratio
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+
+        ks = cuda.shared.array((BN, K_STRIDE), types.uint32)
+        vts = cuda.shared.array((D, VT_STRIDE), types.uint32)
+        qf = cuda.local.array(QF, types.uint32)
+        s = cuda.local.array(SF, types.float32)
+        acc = cuda.local.array(OF, types.float32)
+
+        offset = seqlen_k - seqlen_q
+        row0 = qtile * BM + warp * 16 + g
+        row1 = row0 + 8
+        qpos0 = row0 + offset
+        qpos1 = row1 + offset
+
+        zero_w = np.uint32(0)
+        for kk in range(KS):
+            w = kk * 8 + t
+            x0 = zero_w
+            x2 = zero_w
+            if row0 < seqlen_q:
+                x0 = q[b, row0, h, w]
+                x2 = q[b, row0, h, w + 4]
+            x1 = zero_w
+            x3 = zero_w
+            if row1 < seqlen_q:
+                x1 = q[b, row1, h, w]
+                x3 = q[b, row1, h, w + 4]
+            qf[kk * 4 + 0] = x0
+            qf[kk * 4 + 1] = x1
+            qf[kk * 4 + 2] = x2
+            qf[kk * 4 + 3] = x3
+        for i in range(OF):
+            acc[i] = np.float32(0.0)
+
+        # Key range this query tile can see (block-uniform).
+        q_lo = qtile * BM + offset
+        q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
+        n_start = 0
+        n_end = seqlen_k
+        if has_left:
+            n_start = max(0, q_lo - window_left)
+        if has_right:
+            n_end = min(n_end, q_hi + window_right + 1)
+        tile_lo = n_start // BN
+        tile_hi = (n_end - 1) // BN
+        if n_end <= n_start:
+            tile_lo = 1
+            tile_hi = 0
+        first = tile_lo
+        last = tile_hi
+        sink_tiles = 0
+        if has_sinks:
+            sink_end = min(min(sinks, seqlen_k), q_hi + 1)
+            if sink_end > 0:
+                sink_tiles = (sink_end + BN - 1) // BN
+            first = 0
+            last = max(tile_hi, sink_tiles - 1)
+
+        m0 = np.float32(NEG_INF)
+        m1 = np.float32(NEG_INF)
+        l0 = np.float32(0.0)
+        l1 = np.float32(0.0)
+
+        for tile in range(first, last + 1):
+            in_window = tile >= tile_lo and tile <= tile_hi
+            if has_sinks and not in_window and tile >= sink_tiles:
+                continue
+            k0 = tile * BN
+            # Is every (row, key) pair of this tile visible? Then no per-element mask.
+            full = k0 + BN <= seqlen_k and in_window
+            if has_left:
+                full = full and k0 >= q_hi - window_left
+            if has_right:
+                full = full and k0 + BN - 1 <= q_lo + window_right
+            if has_sinks:
+                full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
+
+            cuda.syncthreads()  # every warp is done reading the previous tile
+            for it in range(K_ITEMS // NTHREADS):
+                i = it * NTHREADS + tid
+                r = i // DW
+                c = i - r * DW
+                key = k0 + r
+                x = zero_w
+                if key < seqlen_k:
+                    x = k[b, key, hk, c]
+                ks[r, c] = x
+            for it in range(V_ITEMS // NTHREADS):
+                i = it * NTHREADS + tid
+                kp = i // DW
+                c = i - kp * DW
+                key = k0 + 2 * kp
+                x = zero_w
+                y = zero_w
+                if key < seqlen_k:
+                    x = v[b, key, hk, c]
+                if key + 1 < seqlen_k:
+                    y = v[b, key + 1, hk, c]
+                # Transpose 2x2 blocks of 16-bit values: vts[d][key pair] = (V[2kp][d], V[2kp+1][d]).
+                vts[2 * c, kp] = (x & 0xFFFF) | ((y & 0xFFFF) << 16)
+                vts[2 * c + 1, kp] = (x >> 16) | (y & 0xFFFF0000)
+            cuda.syncthreads()  # the tile is in shared memory
+
+            # S = Q K^T: NS independent 16x8 accumulators per warp.
+            for i in range(SF):
+                s[i] = np.float32(0.0)
+            for kk in range(KS):
+                for j in range(NS):
+                    b0 = ks[j * 8 + g, kk * 8 + t]
+                    b1 = ks[j * 8 + g, kk * 8 + t + 4]
+                    c0, c1, c2, c3 = mma(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
+                                         b0, b1, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
+                    s[j * 4] = c0
+                    s[j * 4 + 1] = c1
+                    s[j * 4 + 2] = c2
+                    s[j * 4 + 3] = c3
+
+            mx0 = np.float32(NEG_INF)
+            mx1 = np.float32(NEG_INF)
+            for j in range(NS):
+                for e in range(4):
+                    x = s[j * 4 + e]
+                    if has_softcap:
+                        x = cap_out * math.tanh(cap_in * x)
+                    else:
+                        x = x * scale_log2
+                    if not full:
+                        kpos = k0 + j * 8 + 2 * t + (e & 1)
+                        qpos = qpos0
+                        if e >= 2:
+                            qpos = qpos1
+                        vis = True
+                        if has_left:
+                            vis = kpos >= qpos - window_left
+                        if has_right:
+                            vis = vis and kpos <= qpos + window_right
+                        if has_sinks:
+                            vis = vis or (kpos < sinks and kpos <= qpos)
+                        if kpos >= seqlen_k or not vis:
+                            x = np.float32(NEG_INF)
+                    s[j * 4 + e] = x
+                    if e < 2:
+                        mx0 = max(mx0, x)
+                    else:
+                        mx1 = max(mx1, x)
+            # The 4 lanes of a quad hold one row: reduce across them.
+            mx0 = max(mx0, shfl_xor(mx0, 1))
+            mx0 = max(mx0, shfl_xor(mx0, 2))
+            mx1 = max(mx1, shfl_xor(mx1, 1))
+            mx1 = max(mx1, shfl_xor(mx1, 2))
+            mn0 = max(m0, mx0)
+            mn1 = max(m1, mx1)
+            # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp2 gives 0.
+            mu0 = mn0 if mn0 != NEG_INF else np.float32(0.0)
+            mu1 = mn1 if mn1 != NEG_INF else np.float32(0.0)
+            alpha0 = exp2(m0 - mu0)
+            alpha1 = exp2(m1 - mu1)
+            m0 = mn0
+            m1 = mn1
+            rs0 = np.float32(0.0)
+            rs1 = np.float32(0.0)
+            for j in range(NS):
+                p0 = exp2(s[j * 4] - mu0)
+                p1 = exp2(s[j * 4 + 1] - mu0)
+                p2 = exp2(s[j * 4 + 2] - mu1)
+                p3 = exp2(s[j * 4 + 3] - mu1)
+                s[j * 4] = p0
+                s[j * 4 + 1] = p1
+                s[j * 4 + 2] = p2
+                s[j * 4 + 3] = p3
+                rs0 += p0 + p1
+                rs1 += p2 + p3
+            l0 = l0 * alpha0 + rs0     # per-lane partial sums; the quad is summed once at the end
+            l1 = l1 * alpha1 + rs1
+            for dn in range(ND):
+                acc[dn * 4] *= alpha0
+                acc[dn * 4 + 1] *= alpha0
+                acc[dn * 4 + 2] *= alpha1
+                acc[dn * 4 + 3] *= alpha1
+
+            # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits.
+            for kb in range(NP):
+                a0 = pack(s[kb * 8], s[kb * 8 + 1])
+                a1 = pack(s[kb * 8 + 2], s[kb * 8 + 3])
+                a2 = pack(s[kb * 8 + 4], s[kb * 8 + 5])
+                a3 = pack(s[kb * 8 + 6], s[kb * 8 + 7])
+                for dn in range(ND):
+                    b0 = vts[dn * 8 + g, kb * 8 + t]
+                    b1 = vts[dn * 8 + g, kb * 8 + t + 4]
+                    c0, c1, c2, c3 = mma(a0, a1, a2, a3, b0, b1, acc[dn * 4], acc[dn * 4 + 1],
+                                         acc[dn * 4 + 2], acc[dn * 4 + 3])
+                    acc[dn * 4] = c0
+                    acc[dn * 4 + 1] = c1
+                    acc[dn * 4 + 2] = c2
+                    acc[dn * 4 + 3] = c3
+
+        l0 += shfl_xor(l0, 1)
+        l0 += shfl_xor(l0, 2)
+        l1 += shfl_xor(l1, 1)
+        l1 += shfl_xor(l1, 2)
+        inv0 = np.float32(0.0)
+        inv1 = np.float32(0.0)
+        if l0 > 0:
+            inv0 = np.float32(1.0) / l0
+        if l1 > 0:
+            inv1 = np.float32(1.0) / l1
+        if row0 < seqlen_q:
+            for dn in range(ND):
+                out[b, row0, h, dn * 4 + t] = pack(acc[dn * 4] * inv0, acc[dn * 4 + 1] * inv0)
+            if write_lse and t == 0:
+                lse[b, h, row0] = (m0 + math.log2(l0)) * LN2 if l0 > 0 else NEG_INF
+        if row1 < seqlen_q:
+            for dn in range(ND):
+                out[b, row1, h, dn * 4 + t] = pack(acc[dn * 4 + 2] * inv1, acc[dn * 4 + 3] * inv1)
+            if write_lse and t == 0:
+                lse[b, h, row1] = (m1 + math.log2(l1)) * LN2 if l1 > 0 else NEG_INF
+
+    return _jit(kernel)
+
+
+def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
+                    has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int):
+    """Build the exact CUDA-core kernel (float32 or float64) for one configuration.
+
+    Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in,
+    cap_out, window_left, window_right, sinks)``; q/k/v/out in the working dtype (B, S, H, D),
+    lse float32 (B, Hq, Sq). Scores are natural-log: ``scale * q.k``, or with softcap
+    ``cap_out * tanh(cap_in * q.k)``. One thread per query row, 64 rows per block.
+    """
+    D = head_dim
+    BM, BN = FMA_BLOCK_M, block_n
+    dt = types.float64 if is_f64 else types.float32
+    npdt = np.float64 if is_f64 else np.float32
+    ITEMS = BN * D
+    NEG_INF = -math.inf
+
+    def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
+               window_left, window_right, sinks):
+        n_qtiles = cuda.gridDim.x
+        qtile = n_qtiles - 1 - cuda.blockIdx.x
+        heads_q = q.shape[2]
+        b = cuda.blockIdx.y // heads_q
+        h = cuda.blockIdx.y % heads_q
+        hk = h // heads_ratio
+        tid = cuda.threadIdx.x
+
+        ks = cuda.shared.array((BN, D), dt)
+        vs = cuda.shared.array((BN, D), dt)
+        qr = cuda.local.array(D, dt)
+        acc = cuda.local.array(D, dt)
+        p = cuda.local.array(BN, dt)
+
+        offset = seqlen_k - seqlen_q
+        row = qtile * BM + tid
+        qpos = row + offset
+        for d in range(D):
+            x = npdt(0.0)
+            if row < seqlen_q:
+                x = q[b, row, h, d]
+            qr[d] = x
+            acc[d] = npdt(0.0)
+
+        q_lo = qtile * BM + offset
+        q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
+        n_start = 0
+        n_end = seqlen_k
+        if has_left:
+            n_start = max(0, q_lo - window_left)
+        if has_right:
+            n_end = min(n_end, q_hi + window_right + 1)
+        tile_lo = n_start // BN
+        tile_hi = (n_end - 1) // BN
+        if n_end <= n_start:
+            tile_lo = 1
+            tile_hi = 0
+        first = tile_lo
+        last = tile_hi
+        sink_tiles = 0
+        if has_sinks:
+            sink_end = min(min(sinks, seqlen_k), q_hi + 1)
+            if sink_end > 0:
+                sink_tiles = (sink_end + BN - 1) // BN
+            first = 0
+            last = max(tile_hi, sink_tiles - 1)
+
+        m = npdt(NEG_INF)
+        l = npdt(0.0)
+        for tile in range(first, last + 1):
+            in_window = tile >= tile_lo and tile <= tile_hi
+            if has_sinks and not in_window and tile >= sink_tiles:
+                continue
+            k0 = tile * BN
+            cuda.syncthreads()
+            for it in range((ITEMS + FMA_BLOCK_M - 1) // FMA_BLOCK_M):
+                i = it * FMA_BLOCK_M + tid
+                if i < ITEMS:
+                    r = i // D
+                    c = i - r * D
+                    key = k0 + r
+                    x = npdt(0.0)
+                    y = npdt(0.0)
+                    if key < seqlen_k:
+                        x = k[b, key, hk, c]
+                        y = v[b, key, hk, c]
+                    ks[r, c] = x
+                    vs[r, c] = y
+            cuda.syncthreads()
+
+            mx = npdt(NEG_INF)
+            for j in range(BN):
+                dot = npdt(0.0)
+                for d in range(D):
+                    dot += qr[d] * ks[j, d]
+                if has_softcap:
+                    x = cap_out * math.tanh(cap_in * dot)
+                else:
+                    x = scale * dot
+                kpos = k0 + j
+                vis = kpos < seqlen_k
+                wv = True
+                if has_left:
+                    wv = kpos >= qpos - window_left
+                if has_right:
+                    wv = wv and kpos <= qpos + window_right
+                if has_sinks:
+                    wv = wv or (kpos < sinks and kpos <= qpos)
+                if not (vis and wv):
+                    x = npdt(NEG_INF)
+                p[j] = x
+                mx = max(mx, x)
+            mn = max(m, mx)
+            mu = mn if mn != NEG_INF else npdt(0.0)
+            alpha = math.exp(m - mu)
+            m = mn
+            rs = npdt(0.0)
+            for j in range(BN):
+                e = math.exp(p[j] - mu)
+                p[j] = e
+                rs += e
+            l = l * alpha + rs
+            for d in range(D):
+                a = acc[d] * alpha
+                for j in range(BN):
+                    a += p[j] * vs[j, d]
+                acc[d] = a
+
+        if row < seqlen_q:
+            inv = npdt(0.0)
+            if l > 0:
+                inv = npdt(1.0) / l
+            for d in range(D):
+                out[b, row, h, d] = acc[d] * inv
+            if write_lse:
+                lse[b, h, row] = m + math.log(l) if l > 0 else NEG_INF
+
+    return _jit(kernel)

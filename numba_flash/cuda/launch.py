@@ -1,0 +1,294 @@
+"""Launching the forward kernels: GPU-specific checks, zero-copy array interop, streams, caching.
+
+``attention_cuda`` takes CuPy arrays, PyTorch CUDA tensors or any object exposing
+``__cuda_array_interface__`` (or NumPy arrays when Numba's CUDA simulator is on), wraps their
+memory without copying (float16/bfloat16 as ``uint32`` words of two values), allocates the output
+as the same kind of array, and launches on the caller's stream.
+
+Compiled kernels are cached twice: in-process in ``_KERNELS`` (one dispatcher per configuration,
+so a second call compiles nothing) and on disk by Numba (``cache=True``), so a new process loads
+the machine code instead of compiling it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from . import forward
+from .warp import SIMULATOR
+
+__all__ = ["attention_cuda", "SUPPORTED_HEAD_DIMS", "kernel_for", "compiled_kernel_count"]
+
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+_KERNELS: dict = {}
+_HALF_NAMES = {"float16": False, "bfloat16": True}
+_FULL_NAMES = {"float32": False, "float64": True}
+
+
+def _array_kind(x) -> str:
+    """'numpy', 'cupy', 'torch' or 'cai' (anything else with __cuda_array_interface__)."""
+    mod = type(x).__module__.split(".")[0]
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if mod == "cupy":
+        return "cupy"
+    if mod == "torch":
+        return "torch"
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cai"
+    raise TypeError(f"q, k, v must be GPU arrays (CuPy, PyTorch CUDA tensors or objects with "
+                    f"__cuda_array_interface__), got {type(x).__name__}")
+
+
+def _dtype_name(x) -> str:
+    dt = x.dtype
+    if type(x).__module__.split(".")[0] == "torch":
+        return str(dt).replace("torch.", "")
+    return np.dtype(dt).name
+
+
+def _interface(x, kind: str):
+    """(pointer, shape, strides in bytes, itemsize, device id) of an array, without copying."""
+    if kind == "numpy":
+        return x.ctypes.data, x.shape, x.strides, x.itemsize, 0
+    if kind == "torch":  # torch has no __cuda_array_interface__ for bfloat16
+        size = x.element_size()
+        return (x.data_ptr(), tuple(x.shape), tuple(s * size for s in x.stride()), size,
+                x.device.index)
+    if kind == "cupy":
+        return x.data.ptr, x.shape, x.strides, x.itemsize, x.device.id
+    cai = x.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    itemsize = int(cai["typestr"][2:])
+    strides = cai.get("strides")
+    if strides is None:  # C-contiguous
+        strides, acc = [], itemsize
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+    ptr = cai["data"][0]
+    return ptr, shape, tuple(strides), itemsize, _pointer_device(ptr)
+
+
+def _pointer_device(ptr: int):
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.pointerGetAttributes(ptr).device
+    except Exception:  # no CuPy: trust the caller's current device
+        return None
+
+
+def _check_gpu_inputs(q, k, v):
+    """GPU-specific checks; returns (kind, dtype name, device id)."""
+    kinds = [_array_kind(x) for x in (q, k, v)]
+    if len(set(kinds)) != 1:
+        raise TypeError(f"q, k, v must be the same kind of array, got {kinds}")
+    kind = kinds[0]
+    if kind == "numpy" and not SIMULATOR:
+        raise TypeError("NumPy inputs run on the CUDA backend only under Numba's simulator "
+                        "(NUMBA_ENABLE_CUDASIM=1); use backend='cpu' or pass GPU arrays")
+    names = [_dtype_name(x) for x in (q, k, v)]
+    if len(set(names)) != 1:
+        raise TypeError(f"q, k, v must share one dtype, got q {names[0]}, k {names[1]}, v {names[2]}")
+    if names[0] not in _HALF_NAMES and names[0] not in _FULL_NAMES:
+        raise TypeError(f"q, k, v dtype must be float16, bfloat16, float32 or float64, got {names[0]}")
+    devices = []
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        ptr, shape, strides, itemsize, device = _interface(x, kind)
+        if len(shape) != 4:
+            raise ValueError(f"{name} must have 4 dimensions (batch, seqlen, heads, head_dim), "
+                             f"got shape {shape}")
+        if shape[3] > 1 and strides[3] != itemsize:
+            raise ValueError(f"{name} must have a contiguous head_dim (last stride {itemsize} bytes), "
+                             f"got strides {strides} bytes; call .contiguous() / ascontiguousarray")
+        devices.append(device)
+    known = {d for d in devices if d is not None}
+    if len(known) > 1:
+        raise ValueError(f"q, k, v must be on one device, got devices q {devices[0]}, "
+                         f"k {devices[1]}, v {devices[2]}")
+    head_dim = q.shape[3]
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} on the GPU, got {head_dim} "
+                         "(pad q, k, v with zeros to the next supported size: zero columns change "
+                         "no score, then slice the output)")
+    return kind, names[0], (known.pop() if known else None)
+
+
+def _kernel_array(x, kind: str, as_words: bool):
+    """The array the kernel reads: x itself, or a uint32 view of pairs along head_dim."""
+    if kind == "numpy":
+        return x.view(np.uint32) if as_words else x
+    ptr, shape, strides, itemsize, _ = _interface(x, kind)
+    if as_words:
+        if ptr % 4 or any(s % 4 for s in strides[:3]):
+            raise ValueError("16-bit inputs must be 4-byte aligned (pointer and strides) so that "
+                             "pairs along head_dim form 32-bit words; make a contiguous copy")
+        shape = tuple(shape[:3]) + (shape[3] // 2,)
+        strides = tuple(strides[:3]) + (4,)
+        typestr = "<u4"
+    else:
+        typestr = np.dtype(_dtype_name(x)).str
+    desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
+            "data": (ptr, False), "version": 3, "stream": None}
+    return cuda.from_cuda_array_interface(desc, owner=x, sync=False)
+
+
+def _empty_like_kind(kind: str, like, shape, dtype_name: str):
+    if kind == "numpy":
+        return np.empty(shape, dtype=like.dtype if dtype_name == _dtype_name(like) else dtype_name)
+    if kind == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype_name), device=like.device)
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+    if cupy is not None and dtype_name != "bfloat16":
+        return cupy.empty(shape, dtype=dtype_name)
+    if cupy is not None:
+        return cupy.empty(shape, dtype=np.uint16)  # bf16 storage; see attention_cuda
+    return cuda.device_array(shape, dtype=np.uint16 if dtype_name == "bfloat16" else dtype_name)
+
+
+def _resolve_stream(stream, kind: str, like):
+    """A Numba stream for the launch: the given one, else the caller's current stream."""
+    if SIMULATOR:
+        return 0
+    if stream is not None:
+        if isinstance(stream, int):
+            return cuda.external_stream(stream) if stream else cuda.default_stream()
+        for attr in ("ptr", "cuda_stream", "handle"):
+            handle = getattr(stream, attr, None)
+            if isinstance(handle, int):
+                return cuda.external_stream(handle) if handle else cuda.default_stream()
+        if hasattr(stream, "__cuda_stream__"):
+            _, handle = stream.__cuda_stream__()
+            return cuda.external_stream(handle) if handle else cuda.default_stream()
+        if type(stream).__module__.startswith("numba"):
+            return stream
+        raise TypeError(f"stream must be a CuPy/PyTorch/Numba stream or a raw handle, got {stream!r}")
+    handle = 0
+    if kind == "torch":
+        import torch
+
+        handle = torch.cuda.current_stream(like.device).cuda_stream
+    else:
+        try:
+            import cupy
+
+            handle = cupy.cuda.get_current_stream().ptr
+        except ImportError:
+            handle = 0
+    return cuda.external_stream(handle) if handle else cuda.default_stream()
+
+
+def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
+               has_softcap: bool, write_lse: bool):
+    """The (cached) kernel and its launch geometry (block_m, threads) for one configuration."""
+    key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse)
+    entry = _KERNELS.get(key)
+    if entry is None:
+        if dtype_name in _HALF_NAMES:
+            kern = forward.make_mma_kernel(head_dim, _HALF_NAMES[dtype_name], has_left, has_right,
+                                           has_sinks, has_softcap, write_lse,
+                                           forward.mma_block_n(head_dim))
+            entry = (kern, forward.MMA_BLOCK_M, forward.MMA_THREADS)
+        else:
+            itemsize = 8 if _FULL_NAMES[dtype_name] else 4
+            kern = forward.make_fma_kernel(head_dim, _FULL_NAMES[dtype_name], has_left, has_right,
+                                           has_sinks, has_softcap, write_lse,
+                                           forward.fma_block_n(head_dim, itemsize))
+            entry = (kern, forward.FMA_BLOCK_M, forward.FMA_BLOCK_M)
+        _KERNELS[key] = entry
+    return entry
+
+
+def compiled_kernel_count() -> int:
+    """Number of machine-code specialisations held in this process (for cache tests)."""
+    if SIMULATOR:
+        return len(_KERNELS)
+    return sum(len(k.overloads) for k, _, _ in _KERNELS.values())
+
+
+def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, window_size=(-1, -1),
+                   sinks: int = 0, mask=None, softcap=None, return_lse: bool = False, stream=None):
+    """FlashAttention forward on the GPU (or Numba's simulator for NumPy inputs).
+
+    q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
+    dtype among float16, bfloat16 (tensor cores, fp32 accumulation), float32, float64 (exact
+    CUDA-core paths); any strides with a contiguous head_dim; head_dim in 32, 64, 96, 128, 256.
+    Returns out of the inputs' kind and dtype, (batch, seqlen_q, heads_q, head_dim) contiguous,
+    or (out, lse) with lse float32 (batch, heads_q, seqlen_q), natural-log, -inf for rows that
+    see no key. Runs on ``stream`` or the caller's current stream (CuPy's, or PyTorch's for
+    tensors); returns without synchronising.
+    """
+    if mask is not None:
+        raise NotImplementedError(f"mask objects ({type(mask).__name__}) are not supported on the "
+                                  "GPU yet: see the issue 'every mask on the GPU'; use causal / "
+                                  "window_size / sinks, or backend='cpu'")
+    kind, dtype_name, device = _check_gpu_inputs(q, k, v)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    _, seqlen_k, heads_kv, _ = k.shape
+    left, right = (int(w) for w in window_size)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    has_left, has_right = left >= 0, right >= 0
+    has_sinks = has_left and int(sinks) > 0
+    has_softcap = softcap is not None and float(softcap) > 0
+    half = dtype_name in _HALF_NAMES
+
+    out = _empty_like_kind(kind, q, (batch, seqlen_q, heads_q, head_dim), dtype_name)
+    lse = _empty_like_kind(kind, q, (batch, heads_q, seqlen_q), "float32") if return_lse else None
+    if out.size if kind != "torch" else out.numel():
+        if kind == "numpy" and not return_lse:
+            lse_arg = np.empty((1, 1, 1), dtype=np.float32)
+        elif not return_lse:
+            lse_arg = cuda.device_array((1, 1, 1), dtype=np.float32) if not SIMULATOR else \
+                np.empty((1, 1, 1), dtype=np.float32)
+        else:
+            lse_arg = _kernel_array(lse, kind, False)
+        kern, block_m, threads = kernel_for(dtype_name, head_dim, has_left, has_right, has_sinks,
+                                            has_softcap, return_lse)
+        scale = float(softmax_scale)
+        log2e = 1.0 / math.log(2.0)
+        cap = float(softcap) if has_softcap else 1.0
+        if half:
+            fdt = np.float32
+            scalars = (fdt(scale * log2e), fdt(scale / cap), fdt(cap * log2e))
+        else:
+            fdt = np.float64 if _FULL_NAMES[dtype_name] else np.float32
+            scalars = (fdt(scale), fdt(scale / cap), fdt(cap))
+        args = [_kernel_array(x, kind, half) for x in (q, k, v, out)]
+        grid = ((seqlen_q + block_m - 1) // block_m, batch * heads_q)
+        launch_stream = _resolve_stream(stream, kind, q)
+        ctx = cuda.gpus[device] if (device is not None and not SIMULATOR) else _nullcontext()
+        with ctx:
+            kern[grid, threads, launch_stream](*args, lse_arg, seqlen_q, seqlen_k,
+                                               heads_q // heads_kv, *scalars, left, right,
+                                               int(sinks))
+    if kind == "cai" and dtype_name == "bfloat16":
+        out = _BFloat16Array(out)
+    return (out, lse) if return_lse else out
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _BFloat16Array:
+    """bfloat16 output for generic ``__cuda_array_interface__`` inputs (CuPy has no bfloat16)."""
+
+    def __init__(self, storage):
+        self.storage = storage
+        self.shape = tuple(storage.shape)
+        cai = dict(storage.__cuda_array_interface__)
+        cai["typestr"] = "<V2"
+        self.__cuda_array_interface__ = cai

@@ -1,0 +1,208 @@
+"""Warp-collective primitives for the kernels, with fallbacks for Numba's CUDA simulator.
+
+On a GPU every function here is an ``@intrinsic`` that emits inline PTX (``mma.sync``,
+``cvt.rn.f16x2.f32``, ``ex2.approx``) or a Numba CUDA built-in (``shfl_xor_sync``). Under
+``NUMBA_ENABLE_CUDASIM=1`` the simulator has neither inline PTX nor warp shuffles, so the same
+names are plain Python functions: each simulated lane posts its operand to a per-warp exchange
+(a ``threading.Barrier`` of 32), and every lane computes its own share of the collective result
+from the gathered operands. The kernel source is therefore identical on both.
+
+Register conventions (PTX ISA, "Matrix Fragments for mma.m16n8k16", with ``g = lane >> 2`` and
+``t = lane & 3``): a ``uint32`` holds two 16-bit values, the lower-indexed column in the low half.
+
+* A (16 x 16, row-major): ``a0 = A[g, 2t:2t+2]``, ``a1 = A[g+8, 2t:2t+2]``,
+  ``a2 = A[g, 2t+8:2t+10]``, ``a3 = A[g+8, 2t+8:2t+10]``.
+* B (16 x 8, k x n), given as its transpose ``BT`` (n x k, row-major):
+  ``b0 = BT[g, 2t:2t+2]``, ``b1 = BT[g, 2t+8:2t+10]``.
+* C/D (16 x 8, float32): ``c0, c1 = C[g, 2t], C[g, 2t+1]``; ``c2, c3 = C[g+8, 2t], C[g+8, 2t+1]``.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+from numba.cuda import config
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+__all__ = ["SIMULATOR", "mma_f16", "mma_bf16", "pack_f16", "pack_bf16", "exp2", "shfl_xor"]
+
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba import cuda
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    _U32 = types.uint32
+    _F32 = types.float32
+
+    def _mma_intrinsic(ptx_types: str):
+        """An intrinsic for ``mma.sync.aligned.m16n8k16.row.col.f32.<ptx_types>.f32``."""
+
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            sig = types.UniTuple(_F32, 4)(_U32, _U32, _U32, _U32, _U32, _U32,
+                                          _F32, _F32, _F32, _F32)
+
+            def codegen(context, builder, sig, args):
+                f32, i32 = ir.FloatType(), ir.IntType(32)
+                fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+                asm = ir.InlineAsm(
+                    fnty,
+                    f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_types}.f32 "
+                    "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                    "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+                res = builder.call(asm, args)
+                vals = [builder.extract_value(res, i) for i in range(4)]
+                return context.make_tuple(builder, sig.return_type, vals)
+
+            return sig, codegen
+
+        return mma
+
+    mma_f16 = _mma_intrinsic("f16.f16")
+    mma_bf16 = _mma_intrinsic("bf16.bf16")
+
+    def _pack_intrinsic(ptx_type: str):
+        """Two float32 -> one uint32 of two ``ptx_type`` values (round to nearest even)."""
+
+        @intrinsic
+        def pack(typingctx, lo, hi):
+            sig = _U32(_F32, _F32)
+
+            def codegen(context, builder, sig, args):
+                fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType()] * 2)
+                # cvt.rn.f16x2.f32 d, a, b puts a in the upper half and b in the lower half.
+                asm = ir.InlineAsm(fnty, f"cvt.rn.{ptx_type}x2.f32 $0, $2, $1;", "=r,f,f")
+                return builder.call(asm, args)
+
+            return sig, codegen
+
+        return pack
+
+    pack_f16 = _pack_intrinsic("f16")
+    pack_bf16 = _pack_intrinsic("bf16")
+
+    @intrinsic
+    def exp2(typingctx, x):
+        """2**x in float32 through the special-function unit (ex2.approx; exp2(-inf) = 0)."""
+        sig = _F32(_F32)
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+            return builder.call(asm, args)
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def shfl_xor(value, lane_mask):
+        """``value`` from lane ``lane ^ lane_mask`` of the same (fully active) warp."""
+        return cuda.shfl_xor_sync(0xFFFFFFFF, value, lane_mask)
+
+else:
+    _exchange_lock = threading.Lock()
+    _exchanges: dict = {}
+
+    class _WarpExchange:
+        """Per-warp meeting point: 32 slots in, one combined result per lane out."""
+
+        def __init__(self):
+            self.slots = [None] * 32
+            self.results = None
+            self.combine = None
+            # The barrier's action runs once, in one thread, after all 32 lanes have posted.
+            self.barrier = threading.Barrier(32, action=self._run, timeout=300)
+
+        def _run(self):
+            self.results = self.combine(self.slots)
+
+    def _collective(value, combine):
+        """Post ``value`` for this simulated lane; ``combine(values_by_lane)`` returns 32 results."""
+        thread = threading.current_thread()
+        tid = thread.thread_id
+        key = (id(thread._manager), tuple(thread.blockIdx), tid // 32)
+        with _exchange_lock:
+            ex = _exchanges.get(key)
+            if ex is None:
+                ex = _exchanges[key] = _WarpExchange()
+        lane = tid % 32
+        ex.slots[lane] = value
+        ex.combine = combine
+        ex.barrier.wait()
+        result = ex.results[lane]
+        ex.barrier.wait()  # nobody starts the next collective before every lane has its result
+        return result
+
+    _G = np.arange(32) >> 2
+    _T = np.arange(32) & 3
+
+    def _halves_f16(words):
+        return np.ascontiguousarray(words, dtype=np.uint32).view(np.float16).astype(np.float64)
+
+    def _halves_bf16(words):
+        w = np.ascontiguousarray(words, dtype=np.uint32)
+        pair = np.stack([(w & 0xFFFF) << 16, w & 0xFFFF0000], axis=-1).astype(np.uint32)
+        return pair.view(np.float32).reshape(w.shape[:-1] + (2 * w.shape[-1],)).astype(np.float64)
+
+    def _mma_combine(halves):
+        def combine(slots):
+            frags = np.array([[int(x) & 0xFFFFFFFF for x in f[:6]] for f in slots], dtype=np.uint32)
+            h = halves(frags)                               # (32 lanes, 12 values)
+            A = np.zeros((16, 16))
+            BT = np.zeros((8, 16))
+            for r, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+                for e in range(2):
+                    A[_G + dr, 2 * _T + dc + e] = h[:, 2 * r + e]
+            for r, dc in enumerate((0, 8)):
+                for e in range(2):
+                    BT[_G, 2 * _T + dc + e] = h[:, 8 + 2 * r + e]
+            C = np.array([f[6:] for f in slots], dtype=np.float32)
+            D = (A @ BT.T).astype(np.float32)                # exact products, one rounding
+            prod = np.stack([D[_G, 2 * _T], D[_G, 2 * _T + 1], D[_G + 8, 2 * _T],
+                             D[_G + 8, 2 * _T + 1]], axis=1)
+            out = (C + prod).astype(np.float32)
+            return [tuple(np.float32(x) for x in row) for row in out]
+        return combine
+
+    _combine_f16 = _mma_combine(_halves_f16)
+    _combine_bf16 = _mma_combine(_halves_bf16)
+
+    def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A @ B + C for one warp; fragments as in the module docstring (float16 inputs)."""
+        return _collective((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _combine_f16)
+
+    def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A @ B + C for one warp; fragments as in the module docstring (bfloat16 inputs)."""
+        return _collective((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _combine_bf16)
+
+    def pack_f16(lo, hi):
+        """Two float32 -> uint32 holding float16(lo) in the low half, float16(hi) in the high."""
+        h = np.array([lo, hi], dtype=np.float32).astype(np.float16)
+        return np.uint32(h.view(np.uint32)[0])
+
+    def _bf16_bits(x):
+        bits = int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+        if math.isnan(float(x)):
+            return 0x7FC0
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+    def pack_bf16(lo, hi):
+        """Two float32 -> uint32 holding bfloat16(lo) low, bfloat16(hi) high (nearest even)."""
+        return np.uint32(_bf16_bits(lo) | (_bf16_bits(hi) << 16))
+
+    def exp2(x):
+        """2**x in float32 (exp2(-inf) = 0)."""
+        return np.float32(np.exp2(np.float32(x)))
+
+    def _xor_combine(mask):
+        def combine(slots):
+            return [slots[lane ^ mask] for lane in range(32)]
+        return combine
+
+    _XOR = {m: _xor_combine(m) for m in (1, 2, 4, 8, 16)}
+
+    def shfl_xor(value, lane_mask):
+        """``value`` from lane ``lane ^ lane_mask`` of the same warp."""
+        return _collective(value, _XOR[lane_mask])
