@@ -1,0 +1,234 @@
+"""Exact dense attention in float64, and the argument checks every front end shares.
+
+Scores ``s = scale * q.k`` (scale defaults to 1/sqrt(head_dim)), then ``softcap * tanh(s /
+softcap)`` when a softcap is given, then the mask (``masks.mask_from_flags``: causal / window /
+sinks flags intersected with an optional ``Mask``). Softmax over the visible keys of each query
+row; a row with no visible key gives output 0 and lse -inf.
+
+The checks (``check_shapes``, ``check_softmax_scale``, ``check_softcap``, ``check_problem``) work on
+shapes and plain numbers, so a front end holding CuPy arrays can run them before dispatching.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+from . import masks as _masks
+
+__all__ = ["attention", "check_shapes", "check_input_dtype", "check_softmax_scale", "check_softcap",
+           "check_problem", "Problem", "visible_block", "as_float_arrays"]
+
+# Score elements (batch * heads_q * rows * keys) per query-row chunk: 2**21 float64 = 16 MiB, so a
+# chunk's few temporaries stay well under 100 MiB whatever the problem size.
+_CHUNK_ELEMENTS = 1 << 21
+
+
+class Problem(NamedTuple):
+    """A validated attention problem (sizes, scalars and the one combined mask)."""
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    softmax_scale: float
+    softcap: float | None
+    mask: _masks.Mask | None  # None: every pair visible
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head (1 = MHA, heads_q = MQA)."""
+        return self.heads_q // self.heads_kv
+
+
+def check_shapes(q_shape, k_shape, v_shape) -> tuple[int, int, int, int, int, int]:
+    """Validate q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D) shapes.
+
+    Returns ``(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)`` as ints. Raises ValueError
+    naming the argument for a wrong rank, mismatched batch / seqlen_k / heads_kv / head_dim, an
+    empty head dimension, or heads_q not a multiple of heads_kv.
+    """
+    shapes = {"q": tuple(q_shape), "k": tuple(k_shape), "v": tuple(v_shape)}
+    for name, shape in shapes.items():
+        if len(shape) != 4:
+            layout = "(batch, seqlen_q, heads_q, head_dim)" if name == "q" else \
+                "(batch, seqlen_k, heads_kv, head_dim)"
+            raise ValueError(f"{name} must have rank 4 {layout}, got shape {shape}")
+    (b, sq, hq, d), (bk, sk, hkv, dk), (bv, sv, hv, dv) = shapes["q"], shapes["k"], shapes["v"]
+    if not (b == bk == bv):
+        raise ValueError(f"batch sizes differ: q {shapes['q']}, k {shapes['k']}, v {shapes['v']}")
+    if sk != sv:
+        raise ValueError(f"k and v must have the same seqlen_k, got k {shapes['k']}, v {shapes['v']}")
+    if hkv != hv:
+        raise ValueError(f"k and v must have the same heads_kv, got k {shapes['k']}, v {shapes['v']}")
+    if not (d == dk == dv):
+        raise ValueError(f"head_dim differs: q {shapes['q']}, k {shapes['k']}, v {shapes['v']} "
+                         f"(expected the same last dimension)")
+    if d < 1:
+        raise ValueError(f"head_dim must be >= 1, got q shape {shapes['q']}")
+    if hkv < 1 or hq < 1 or hq % hkv:
+        raise ValueError(f"heads_q ({hq}) must be a positive multiple of heads_kv ({hkv}) for "
+                         f"GQA/MQA; got q {shapes['q']}, k {shapes['k']}")
+    return int(b), int(sq), int(sk), int(hq), int(hkv), int(d)
+
+
+def check_input_dtype(dtype, name: str) -> np.dtype:
+    """Accept a real floating dtype (NumPy float16/32/64, ml_dtypes bfloat16 and other ml_dtypes
+    floats); raise TypeError naming ``name`` otherwise. Returns the ``np.dtype``."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return dtype
+    if dtype.kind == "V":
+        try:
+            ml_dtypes.finfo(dtype)
+            return dtype
+        except (ValueError, TypeError):
+            pass
+    raise TypeError(f"{name} must hold real floating-point values (float16/bfloat16/float32/"
+                    f"float64), got dtype {dtype}")
+
+
+def check_softmax_scale(softmax_scale, head_dim: int) -> float:
+    """The score scale: ``1/sqrt(head_dim)`` for None, else a finite non-zero real number."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(
+            softmax_scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"softmax_scale must be a real number or None, got "
+                        f"{type(softmax_scale).__name__} {softmax_scale!r}")
+    value = float(softmax_scale)
+    if not math.isfinite(value) or value == 0.0:
+        raise ValueError(f"softmax_scale must be finite and non-zero, got {softmax_scale!r}")
+    return value
+
+
+def check_softcap(softcap) -> float | None:
+    """The softcap: None (or 0.0, flash-attn's spelling of "off") for none, else a finite float > 0."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(
+            softcap, (int, float, np.integer, np.floating)):
+        raise TypeError(f"softcap must be a positive real number or None, got "
+                        f"{type(softcap).__name__} {softcap!r}")
+    value = float(softcap)
+    if value == 0.0:
+        return None
+    if not math.isfinite(value) or value < 0.0:
+        raise ValueError(f"softcap must be a finite number > 0 (or None / 0.0 for no softcap), "
+                         f"got {softcap!r}")
+    return value
+
+
+def check_problem(q_shape, k_shape, v_shape, *, softmax_scale=None, causal=False,
+                  window_size=(-1, -1), sinks=0, mask=None, softcap=None) -> Problem:
+    """Run every argument check of ``attention`` on shapes and scalars; return a ``Problem``.
+
+    The mask fields are combined with ``masks.mask_from_flags`` and checked against the sequence
+    lengths (a mask built for other sizes raises ValueError).
+    """
+    b, sq, sk, hq, hkv, d = check_shapes(q_shape, k_shape, v_shape)
+    scale = check_softmax_scale(softmax_scale, d)
+    cap = check_softcap(softcap)
+    combined = _masks.mask_from_flags(causal, window_size, sinks, mask)
+    if combined is not None:
+        combined._check_sizes(sq, sk)
+    return Problem(b, sq, sk, hq, hkv, d, scale, cap, combined)
+
+
+def visible_block(mask: _masks.Mask | None, seqlen_q: int, seqlen_k: int, rows, cols) -> np.ndarray:
+    """Visibility of (query row, key column) pairs, without building the dense matrix.
+
+    ``rows`` and ``cols`` are integer arrays of row indices (0..seqlen_q-1) and column indices
+    (0..seqlen_k-1) that broadcast against each other, e.g. (r, 1) and (1, c) for a block, or
+    (t, r, 1) and (t, 1, c) for t tiles at once. Returns a bool array of the broadcast shape, equal
+    to the matching entries of ``mask.to_dense(seqlen_q, seqlen_k)`` (all True for ``mask=None``).
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    shape = np.broadcast_shapes(rows.shape, cols.shape)
+    if mask is None:
+        return np.ones(shape, dtype=bool)
+    qpos = rows + (seqlen_k - seqlen_q)
+    return np.ascontiguousarray(np.broadcast_to(mask._visible(qpos, cols, seqlen_k), shape),
+                                dtype=bool)
+
+
+def as_float_arrays(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v as NumPy arrays (no copy), each checked to hold a real floating dtype."""
+    arrays = tuple(np.asarray(x) for x in (q, k, v))
+    for name, x in zip("qkv", arrays):
+        check_input_dtype(x.dtype, name)
+    return arrays
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
+            col_start: int, col_stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """Attention of every query row over key columns [col_start, col_stop) of the problem.
+
+    q (B, Sq, Hq, D), k / v (B, Sk, Hkv, D), any float dtypes (converted to float64 here, q one
+    chunk at a time). The mask is evaluated at the columns' positions in the full key sequence.
+    Returns out (B, Sq, Hq, D) and lse (B, Hq, Sq), float64.
+    """
+    b, sq, _, hq, hkv, d = problem[:6]
+    g = problem.group
+    ncols = col_stop - col_start
+    out = np.zeros((b, sq, hq, d))
+    lse = np.full((b, hq, sq), -np.inf)
+    if sq == 0 or ncols == 0 or b == 0:
+        return out, lse
+    # (B, Hkv, 1, D, Sk) and (B, Hkv, 1, Sk, D): one kv head serves G query heads by broadcasting.
+    kt = np.ascontiguousarray(k[:, col_start:col_stop].transpose(0, 2, 3, 1), np.float64)[:, :, None]
+    vt = np.ascontiguousarray(v[:, col_start:col_stop].transpose(0, 2, 1, 3), np.float64)[:, :, None]
+    cols = np.arange(col_start, col_stop)[None, :]
+    chunk = max(1, _CHUNK_ELEMENTS // (b * hq * ncols))
+    for r0 in range(0, sq, chunk):
+        r1 = min(sq, r0 + chunk)
+        rows = r1 - r0
+        qc = q[:, r0:r1].astype(np.float64).reshape(b, rows, hkv, g, d).transpose(0, 2, 3, 1, 4)
+        s = np.matmul(qc, kt)  # (B, Hkv, G, rows, Sk)
+        s *= problem.softmax_scale
+        if problem.softcap is not None:
+            s = problem.softcap * np.tanh(s / problem.softcap)
+        visible = visible_block(problem.mask, sq, problem.seqlen_k, np.arange(r0, r1)[:, None], cols)
+        s[..., ~visible] = -np.inf
+        m = s.max(axis=-1, keepdims=True)
+        # Rows with no visible key have m = -inf; shifting by 0 keeps exp(-inf - 0) = 0, not NaN.
+        m = np.where(np.isneginf(m), 0.0, m)
+        p = np.exp(s - m)
+        l = p.sum(axis=-1, keepdims=True)
+        o = np.matmul(p, vt)
+        nonempty = l > 0
+        o = np.divide(o, l, out=np.zeros_like(o), where=nonempty)
+        with np.errstate(divide="ignore"):
+            lc = np.where(nonempty, m + np.log(l), -np.inf)[..., 0]  # (B, Hkv, G, rows)
+        out[:, r0:r1] = o.transpose(0, 3, 1, 2, 4).reshape(b, rows, hq, d)
+        lse[:, :, r0:r1] = lc.reshape(b, hq, rows)
+    return out, lse
+
+
+def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
+              mask=None, softcap=None, return_lse=False):
+    """Exact attention, computed in float64.
+
+    q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); any real
+    float dtype (float16, ml_dtypes bfloat16, float32, float64), converted exactly to float64.
+    heads_q must be a multiple of heads_kv; query head h reads kv head h // (heads_q // heads_kv).
+
+    softmax_scale: score scale, default 1/sqrt(head_dim). softcap: None/0.0 (off) or > 0, giving
+    ``softcap * tanh(s / softcap)``. causal, window_size=(left, right) (-1 = unbounded), sinks and
+    mask (a ``masks.Mask``) select the visible pairs, with bottom-right alignment when
+    seqlen_q != seqlen_k (query row r sits at position r + seqlen_k - seqlen_q).
+
+    Returns out, float64 (batch, seqlen_q, heads_q, head_dim); with ``return_lse`` the tuple
+    (out, lse), lse float64 (batch, heads_q, seqlen_q), the natural-log log-sum-exp of each row's
+    visible scores. A row with no visible key has out 0 and lse -inf. Query rows are processed
+    in chunks so temporaries stay under 100 MiB whatever the sizes.
+    """
+    q, k, v = as_float_arrays(q, k, v)
+    problem = check_problem(q.shape, k.shape, v.shape, softmax_scale=softmax_scale, causal=causal,
+                            window_size=window_size, sinks=sinks, mask=mask, softcap=softcap)
+    out, lse = _attend(q, k, v, problem, 0, problem.seqlen_k)
+    return (out, lse) if return_lse else out
