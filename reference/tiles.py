@@ -67,6 +67,7 @@ def tile_minmax(intervals: ColumnIntervals, block_n: int) -> dict[str, np.ndarra
     out = {}
     for kind, start, end in (("lt", intervals.lts, intervals.lte),
                              ("ut", intervals.uts, intervals.ute)):
+        start, end = start.astype(np.int64), end.astype(np.int64)
         live = start < end
         out[f"{kind}s_max"] = _tile_reduce(start, block_n, np.maximum, -big)
         out[f"{kind}e_min"] = _tile_reduce(end, block_n, np.minimum, big)
