@@ -69,6 +69,7 @@ def test_failure_hook_in_process(capsys):
 
 def test_cuda_backend_without_gpu_or_simulator_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.setattr(validation, "cuda_simulator_enabled", lambda: False)
+    monkeypatch.setattr(cli, "gpu_available", lambda: False)
     assert cli.main(["--backend", "cuda"]) == 2
     assert "backend='cuda' needs GPU arrays" in capsys.readouterr().err
 
