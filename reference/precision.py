@@ -58,9 +58,9 @@ def resolve_precision(precision, *, argument: str = "precision") -> np.dtype:
                      f"got dtype {dtype}")
 
 
-def precision_name(precision) -> str:
+def precision_name(precision, *, argument: str = "precision") -> str:
     """Canonical name ("float64", "float32", "float16" or "bfloat16") of a precision."""
-    dtype = resolve_precision(precision)
+    dtype = resolve_precision(precision, argument=argument)
     return next(name for name, known in PRECISIONS.items() if known == dtype)
 
 
@@ -97,7 +97,7 @@ def round_to(x, dtype) -> np.ndarray:
     bfloat16 is rounded directly from float64 (ml_dtypes' own cast goes through float32 and can
     round twice, e.g. 1 + 2**-8 + 2**-30 must give 1 + 2**-7, not 1).
     """
-    name = precision_name(dtype)
+    name = precision_name(dtype, argument="dtype")
     values = np.array(x, dtype=np.float64, copy=True)
     if name == "float64":
         return values
