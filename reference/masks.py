@@ -402,8 +402,7 @@ class SharedQuestionMask(_DocumentsMixin, _SpanMask):
     def __init__(self, doc_lengths, question_lengths, answer_lengths):
         self._set_docs(doc_lengths)
         questions = _check_int_vector(self._owner, "question_lengths", question_lengths)
-        if isinstance(answer_lengths, (str, bytes, np.ndarray)) or not hasattr(
-                answer_lengths, "__len__"):
+        if isinstance(answer_lengths, (str, bytes)) or not hasattr(answer_lengths, "__len__"):
             raise TypeError(f"{self._owner}: answer_lengths must be a list with one list of "
                             f"answer lengths per document, got {answer_lengths!r}")
         n = len(self.doc_lengths)

@@ -219,6 +219,19 @@ def test_bitmask_layout_and_round_trip():
     np.testing.assert_array_equal(nfm.causal().to_bitmask(5, 37),
                                   M.pack_bitmask(nfm.causal().to_dense(5, 37)))
     assert M.pack_bitmask(np.zeros((3, 0), dtype=bool)).shape == (3, 0)
+    with pytest.raises(TypeError, match="visible must be a 2-D bool array"):
+        M.pack_bitmask(np.ones((2, 2), dtype=np.uint8))
+    with pytest.raises(TypeError, match="bits must be a 2-D uint8 array"):
+        M.unpack_bitmask(bits.astype(np.int16), 37)
+    with pytest.raises(ValueError, match="fewer than seqlen_k"):
+        M.unpack_bitmask(bits, 65)
+
+
+def test_shared_question_accepts_an_answer_array():
+    mask = nfm.shared_question([4, 4], [2, 2], np.array([[1, 1], [1, 1]]))
+    assert mask.answer_lengths == [[1, 1], [1, 1]]
+    np.testing.assert_array_equal(mask.to_dense(8, 8)[:4, :4],
+                                  nfm.shared_question([4], [2], [[1, 1]]).to_dense(4, 4))
 
 
 # ----------------------------------------------------------------------------- validation
@@ -237,6 +250,9 @@ BAD_CONSTRUCTORS = [
      r"doc_lengths\[0\] = 4 but question_lengths\[0\] \+ sum\(answer_lengths\[0\]\) = 3"),
     (lambda: nfm.shared_question([4], [1], [[4, -1]]), ValueError, r"answer_lengths\[0\]"),
     (lambda: nfm.shared_question([4], [1], 3), TypeError, "answer_lengths"),
+    (lambda: nfm.shared_question([4, 4], [1, 2], [3, 2]), TypeError,
+     r"answer_lengths\[0\] must be a sequence"),
+    (lambda: nfm.causal_document([[1], [2, 3]]), TypeError, "flat sequence"),
     (lambda: nfm.global_sliding_window(-1, 2), ValueError, "num_global"),
     (lambda: nfm.global_sliding_window(1, "2"), TypeError, "window"),
     (lambda: nfm.causal_blockwise([2, -2], 1), ValueError, "block_lengths"),
