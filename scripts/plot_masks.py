@@ -60,8 +60,8 @@ def pictured_masks(n: int):
         ("qk_sparse", "qk_sparse(5 keys, rows (44, 52))",
          nfm.qk_sparse([3, q + 1, q + 2, 3 * q, 4 * q + 5], (5 * q + 4, 6 * q + 4))),
         ("random_eviction", "random_eviction", nfm.random_eviction(evict)),
-        ("tree", f"tree(preorder, {n // 2} nodes, prefix {n - n // 2})",
-         nfm.tree(_preorder_tree(rng, n // 2), prefix_length=n - n // 2)),
+        ("tree", f"tree(binary, 31 nodes in preorder, prefix {n - 31})",
+         nfm.tree(binary_tree_preorder(5), prefix_length=n - 31)),
         ("tree_bfs", "tree(seed 001, BFS order: bitmask)",
          nfm.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], prefix_length=n - 9)),
         ("dense", "from_dense(random blocks: bitmask)", nfm.from_dense(dense)),
@@ -73,12 +73,18 @@ def pictured_masks(n: int):
     ]
 
 
-def _preorder_tree(rng, nodes):
-    parents, path = [-1], [0]
-    for node in range(1, nodes):
-        del path[int(rng.integers(max(0, len(path) - 3), len(path))) + 1:]
-        parents.append(path[-1])
-        path.append(node)
+def binary_tree_preorder(depth: int) -> list[int]:
+    """Parents of a complete binary tree of ``depth`` levels, numbered in DFS preorder."""
+    parents: list[int] = []
+
+    def visit(parent, level):
+        node = len(parents)
+        parents.append(parent)
+        if level > 1:
+            visit(node, level - 1)
+            visit(node, level - 1)
+
+    visit(-1, depth)
     return parents
 
 
