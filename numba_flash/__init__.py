@@ -26,3 +26,7 @@ def __getattr__(name):
         globals()["masks"] = module
         return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"masks"})

@@ -108,6 +108,9 @@ def describe(obj, name: str) -> ArrayInfo:
     if not isinstance(interface, dict) or "shape" not in interface or "typestr" not in interface:
         raise TypeError(f"{name} has a malformed __cuda_array_interface__ (expected a dict with "
                         f"'shape' and 'typestr'), got {interface!r}")
+    if interface.get("mask") is not None:
+        raise TypeError(f"{name} is a masked GPU array (its __cuda_array_interface__ has a "
+                        f"'mask'); pass plain data and express visibility with mask=/causal=")
     shape = tuple(int(s) for s in interface["shape"])
     typestr = interface["typestr"]
     if _names_bfloat16(obj):

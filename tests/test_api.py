@@ -137,6 +137,13 @@ def test_malformed_interface_is_rejected():
         describe(obj, "q")
 
 
+def test_masked_gpu_arrays_are_rejected():
+    obj = FakeGpuArray((2, 3))
+    obj.__cuda_array_interface__["mask"] = FakeGpuArray((2, 3), "|b1")
+    with pytest.raises(TypeError, match="q is a masked GPU array"):
+        describe(obj, "q")
+
+
 def test_mixed_kinds_raise_type_error_naming_both():
     q, k, v = qkv()
     with pytest.raises(TypeError, match="q and k must be arrays of the same kind"):
@@ -398,6 +405,7 @@ def test_masks_attribute_loads_the_masks_module():
     if importlib.util.find_spec("numba_flash.masks") is None:
         pytest.skip("numba_flash.masks is not written yet")
     assert numba_flash.masks is importlib.import_module("numba_flash.masks")
+    assert "masks" in dir(numba_flash) and "attention" in dir(numba_flash)
 
 
 def test_import_is_light():
@@ -409,3 +417,17 @@ def test_import_is_light():
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not validation.cuda_simulator_enabled(), reason="needs Numba's CUDA simulator")
+def test_numpy_inputs_through_the_real_kernels_in_the_simulator():
+    pytest.importorskip("numba_flash.cuda.launch")
+    rng = np.random.default_rng(21)
+    q = rng.standard_normal((1, 5, 2, 32)).astype(np.float32)
+    k = rng.standard_normal((1, 7, 1, 32)).astype(np.float32)
+    v = rng.standard_normal((1, 7, 1, 32)).astype(np.float32)
+    out, lse = numba_flash.attention(q, k, v, causal=True, backend="cuda", return_lse=True)
+    ref, ref_lse = numba_flash.attention(q, k, v, causal=True, return_lse=True)
+    assert out.dtype == np.float32 and out.shape == (1, 5, 2, 32) and lse.shape == (1, 2, 5)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=2e-6)
