@@ -114,8 +114,8 @@ def _timed(call, sync, repeats):
     return first, best, result
 
 
-def run_demo(backend="auto", dtype=None, seed=0, perturb=0.0, stream=None) -> int:
-    """Run the main job and print a report to ``stream`` (default stdout); return the exit status.
+def run_demo(backend="auto", dtype=None, seed=0, perturb=0.0, file=None) -> int:
+    """Run the main job and print a report to ``file`` (default stdout); return the exit status.
 
     backend: "auto", "cpu" or "cuda"; dtype: a name in DTYPES or None (float16 on a GPU, float32
     in CPU mode); seed: int for the random inputs; perturb: added to one output element before
@@ -125,10 +125,10 @@ def run_demo(backend="auto", dtype=None, seed=0, perturb=0.0, stream=None) -> in
     from numba_flash_reference.attention import attention as reference_attention
     from numba_flash_reference.masks import visible_matrix
 
-    stream = stream or sys.stdout
+    file = file or sys.stdout
 
     def say(label, text):
-        print(f"{label:<10}: {text}", file=stream)
+        print(f"{label:<10}: {text}", file=file)
 
     # backend="cuda" without a GPU keeps NumPy inputs: the kernels then run in Numba's CUDA
     # simulator when it is on, and attention() explains the problem otherwise.
@@ -179,8 +179,8 @@ def run_demo(backend="auto", dtype=None, seed=0, perturb=0.0, stream=None) -> in
             return 2
         # The GPU backend lacks something this job needs: say so, then run CPU mode instead.
         print(f"note: the GPU backend cannot run this job yet ({exc}); running CPU mode",
-              file=stream)
-        return run_demo("cpu", dtype, seed, perturb, stream)
+              file=file)
+        return run_demo("cpu", dtype, seed, perturb, file)
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -200,7 +200,7 @@ def run_demo(backend="auto", dtype=None, seed=0, perturb=0.0, stream=None) -> in
     passed = bool(np.isfinite(error) and error <= tol)
 
     print(f"numba-flash {numba_flash.__version__}: exact attention under a causal-document mask, "
-          f"checked against the float64 reference", file=stream)
+          f"checked against the float64 reference", file=file)
     say("backend", used)
     say("device", device)
     say("dtype", dtype_name)
