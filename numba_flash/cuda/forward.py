@@ -4,8 +4,8 @@ Two kernel families, both built by factories whose arguments are compile-time co
 
 * ``make_mma_kernel``: float16 / bfloat16 on tensor cores (``mma.sync`` m16n8k16, fp32
   accumulation). A block of 4 warps owns a 64-row query tile, each warp 16 rows; K and V tiles
-  of ``block_n`` keys stream through shared memory (V stored transposed, so that its B fragments
-  are single 32-bit words); scores, running max/sum and the output accumulator stay in
+  of ``block_n`` keys stream through shared memory (cp.async, 16 bytes per copy; B fragments
+  through ldmatrix, transposed for V); scores, running max/sum and the output accumulator stay in
   registers and the score fragment becomes the A operand of P @ V without leaving them.
   Inputs are passed as ``uint32`` views (two 16-bit values per word along head_dim).
 * ``make_fma_kernel``: exact float32 / float64 paths on CUDA cores, one thread per query row,
@@ -27,7 +27,8 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from .warp import SIMULATOR, exp2, mma_bf16, mma_f16, pack_bf16, pack_f16, shfl_xor
+from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
+                   ldmatrix_x4_trans, mma_bf16, mma_f16, pack_bf16, pack_f16, shfl_xor)
 
 __all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "FMA_BLOCK_M",
            "mma_block_n", "fma_block_n"]
@@ -62,16 +63,19 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     cap_in, cap_out, window_left, window_right, sinks)``; q/k/v/out uint32 (B, S, H, D/2),
     lse float32 (B, Hq, Sq); float scalars as float32. With softcap the base-2 score is
     ``cap_out * tanh(cap_in * q.k)``, else ``scale_log2 * q.k``.
+
+    Pipeline per key tile (FlashAttention-2's): wait for K, barrier, start the V copy
+    (cp.async), S = Q K^T from ldmatrix fragments, online softmax, wait for V, barrier, start
+    the next K copy, O += P V (ldmatrix.trans fragments). Each copy overlaps one matrix product.
     """
     D = head_dim
     BM, BN = MMA_BLOCK_M, block_n
     DW = D // 2
     KS, NS, NP, ND = D // 16, BN // 8, BN // 16, D // 8
     QF, SF, OF = KS * 4, NS * 4, ND * 4
-    K_STRIDE = DW + 4           # +4 words: the 8 rows a B-fragment load touches hit distinct banks
-    VT_STRIDE = BN // 2 + 4
-    K_ITEMS = BN * DW
-    V_ITEMS = (BN // 2) * DW
+    KW = DW + 4          # row stride in words: +16 bytes keeps 8 ldmatrix rows on distinct banks
+    CPR = D // 8         # 16-byte chunks per row
+    CHUNK_ITERS = BN * CPR // MMA_THREADS
     NTHREADS = MMA_THREADS
     mma = mma_bf16 if is_bf16 else mma_f16
     pack = pack_bf16 if is_bf16 else pack_f16
@@ -90,9 +94,18 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
+        # ldmatrix row addresses: lanes 8m..8m+7 address matrix m.
+        k_row = (lane >> 4) * 8 + (lane & 7)
+        k_col = ((lane >> 3) & 1) * 4
+        v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
+        v_col = (lane >> 4) * 4
 
-        ks = cuda.shared.array((BN, K_STRIDE), types.uint32)
-        vts = cuda.shared.array((D, VT_STRIDE), types.uint32)
+        if SIMULATOR:  # the simulator rejects an alignment argument
+            ks = cuda.shared.array((BN, KW), types.uint32)
+            vs = cuda.shared.array((BN, KW), types.uint32)
+        else:          # cp.async and ldmatrix need 16-byte aligned rows
+            ks = cuda.shared.array((BN, KW), types.uint32, alignment=16)
+            vs = cuda.shared.array((BN, KW), types.uint32, alignment=16)
         qf = cuda.local.array(QF, types.uint32)
         s = cuda.local.array(SF, types.float32)
         acc = cuda.local.array(OF, types.float32)
@@ -123,7 +136,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         for i in range(OF):
             acc[i] = np.float32(0.0)
 
-        # Key range this query tile can see (block-uniform).
+        # Key tiles this query tile can see (block-uniform): the window's tiles, plus sink tiles.
         q_lo = qtile * BM + offset
         q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
         n_start = 0
@@ -144,18 +157,30 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             sink_end = min(min(sinks, seqlen_k), q_hi + 1)
             if sink_end > 0:
                 sink_tiles = (sink_end + BN - 1) // BN
-            first = 0
-            last = max(tile_hi, sink_tiles - 1)
+                first = 0
+                last = max(tile_hi, sink_tiles - 1)
 
         m0 = np.float32(NEG_INF)
         m1 = np.float32(NEG_INF)
         l0 = np.float32(0.0)
         l1 = np.float32(0.0)
 
-        for tile in range(first, last + 1):
+        tile = first
+        if tile <= last:
+            for it in range(CHUNK_ITERS):
+                i = it * NTHREADS + tid
+                r = i // CPR
+                c = (i - r * CPR) * 4
+                key = tile * BN + r
+                ok = key < seqlen_k
+                cp_async16(ks, r, c, k, b, key if ok else 0, hk, c, 16 if ok else 0)
+            cp_async_commit()
+
+        while tile <= last:
+            nxt = tile + 1
+            if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
+                nxt = tile_lo
             in_window = tile >= tile_lo and tile <= tile_hi
-            if has_sinks and not in_window and tile >= sink_tiles:
-                continue
             k0 = tile * BN
             # Is every (row, key) pair of this tile visible? Then no per-element mask.
             full = k0 + BN <= seqlen_k and in_window
@@ -166,41 +191,33 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             if has_sinks:
                 full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
 
-            cuda.syncthreads()  # every warp is done reading the previous tile
-            for it in range(K_ITEMS // NTHREADS):
+            cp_async_wait_all()
+            cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
+            for it in range(CHUNK_ITERS):
                 i = it * NTHREADS + tid
-                r = i // DW
-                c = i - r * DW
+                r = i // CPR
+                c = (i - r * CPR) * 4
                 key = k0 + r
-                x = zero_w
-                if key < seqlen_k:
-                    x = k[b, key, hk, c]
-                ks[r, c] = x
-            for it in range(V_ITEMS // NTHREADS):
-                i = it * NTHREADS + tid
-                kp = i // DW
-                c = i - kp * DW
-                key = k0 + 2 * kp
-                x = zero_w
-                y = zero_w
-                if key < seqlen_k:
-                    x = v[b, key, hk, c]
-                if key + 1 < seqlen_k:
-                    y = v[b, key + 1, hk, c]
-                # Transpose 2x2 blocks of 16-bit values: vts[d][key pair] = (V[2kp][d], V[2kp+1][d]).
-                vts[2 * c, kp] = (x & 0xFFFF) | ((y & 0xFFFF) << 16)
-                vts[2 * c + 1, kp] = (x >> 16) | (y & 0xFFFF0000)
-            cuda.syncthreads()  # the tile is in shared memory
+                ok = key < seqlen_k
+                cp_async16(vs, r, c, v, b, key if ok else 0, hk, c, 16 if ok else 0)
+            cp_async_commit()
 
             # S = Q K^T: NS independent 16x8 accumulators per warp.
             for i in range(SF):
                 s[i] = np.float32(0.0)
             for kk in range(KS):
-                for j in range(NS):
-                    b0 = ks[j * 8 + g, kk * 8 + t]
-                    b1 = ks[j * 8 + g, kk * 8 + t + 4]
+                for jj in range(NS // 2):
+                    b0, b1, b2, b3 = ldmatrix_x4(ks, jj * 16 + k_row, kk * 8 + k_col)
+                    j = 2 * jj
                     c0, c1, c2, c3 = mma(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
                                          b0, b1, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
+                    s[j * 4] = c0
+                    s[j * 4 + 1] = c1
+                    s[j * 4 + 2] = c2
+                    s[j * 4 + 3] = c3
+                    j = 2 * jj + 1
+                    c0, c1, c2, c3 = mma(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
+                                         b2, b3, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
                     s[j * 4] = c0
                     s[j * 4 + 1] = c1
                     s[j * 4 + 2] = c2
@@ -269,21 +286,41 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 acc[dn * 4 + 2] *= alpha1
                 acc[dn * 4 + 3] *= alpha1
 
+            cp_async_wait_all()
+            cuda.syncthreads()  # V tile landed; every warp is done with K
+            if nxt <= last:
+                for it in range(CHUNK_ITERS):
+                    i = it * NTHREADS + tid
+                    r = i // CPR
+                    c = (i - r * CPR) * 4
+                    key = nxt * BN + r
+                    ok = key < seqlen_k
+                    cp_async16(ks, r, c, k, b, key if ok else 0, hk, c, 16 if ok else 0)
+                cp_async_commit()
+
             # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits.
             for kb in range(NP):
                 a0 = pack(s[kb * 8], s[kb * 8 + 1])
                 a1 = pack(s[kb * 8 + 2], s[kb * 8 + 3])
                 a2 = pack(s[kb * 8 + 4], s[kb * 8 + 5])
                 a3 = pack(s[kb * 8 + 6], s[kb * 8 + 7])
-                for dn in range(ND):
-                    b0 = vts[dn * 8 + g, kb * 8 + t]
-                    b1 = vts[dn * 8 + g, kb * 8 + t + 4]
+                for dd in range(ND // 2):
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, dd * 8 + v_col)
+                    dn = 2 * dd
                     c0, c1, c2, c3 = mma(a0, a1, a2, a3, b0, b1, acc[dn * 4], acc[dn * 4 + 1],
                                          acc[dn * 4 + 2], acc[dn * 4 + 3])
                     acc[dn * 4] = c0
                     acc[dn * 4 + 1] = c1
                     acc[dn * 4 + 2] = c2
                     acc[dn * 4 + 3] = c3
+                    dn = 2 * dd + 1
+                    c0, c1, c2, c3 = mma(a0, a1, a2, a3, b2, b3, acc[dn * 4], acc[dn * 4 + 1],
+                                         acc[dn * 4 + 2], acc[dn * 4 + 3])
+                    acc[dn * 4] = c0
+                    acc[dn * 4 + 1] = c1
+                    acc[dn * 4 + 2] = c2
+                    acc[dn * 4 + 3] = c3
+            tile = nxt
 
         l0 += shfl_xor(l0, 1)
         l0 += shfl_xor(l0, 2)

@@ -15,6 +15,13 @@ Register conventions (PTX ISA, "Matrix Fragments for mma.m16n8k16", with ``g = l
 * B (16 x 8, k x n), given as its transpose ``BT`` (n x k, row-major):
   ``b0 = BT[g, 2t:2t+2]``, ``b1 = BT[g, 2t+8:2t+10]``.
 * C/D (16 x 8, float32): ``c0, c1 = C[g, 2t], C[g, 2t+1]``; ``c2, c3 = C[g+8, 2t], C[g+8, 2t+1]``.
+
+``ldmatrix_x4(smem, i, j)``: lanes 8m..8m+7 give the 8 row addresses (``&smem[i, j]``, 16 bytes
+each) of 8x8 matrix m; every lane gets register m = row ``g``, 16-bit columns ``2t, 2t+1`` of
+matrix m (with ``_trans``: rows ``2t, 2t+1``, column ``g``, i.e. of the transpose). These are
+exactly B fragments: of K^T from a [key][d] tile, and of V from a [key][d] tile with ``_trans``.
+``cp_async16`` copies 16 bytes global -> shared without passing through registers (zero-filled
+when ``src_bytes`` is 0); ``cp_async_commit`` / ``cp_async_wait_all`` close and await a group.
 """
 from __future__ import annotations
 
@@ -26,12 +33,14 @@ from numba.cuda import config
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["SIMULATOR", "mma_f16", "mma_bf16", "pack_f16", "pack_bf16", "exp2", "shfl_xor"]
+__all__ = ["SIMULATOR", "mma_f16", "mma_bf16", "pack_f16", "pack_bf16", "exp2", "shfl_xor",
+           "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async16", "cp_async_commit", "cp_async_wait_all"]
 
 if not SIMULATOR:
     from llvmlite import ir
     from numba import cuda
     from numba.cuda import types
+    from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
     _U32 = types.uint32
@@ -100,6 +109,77 @@ if not SIMULATOR:
     def shfl_xor(value, lane_mask):
         """``value`` from lane ``lane ^ lane_mask`` of the same (fully active) warp."""
         return cuda.shfl_xor_sync(0xFFFFFFFF, value, lane_mask)
+
+    def _item_pointer_i64(context, builder, aryty, aryval, idx_types, idx_vals):
+        """Address (i64) of ``ary[idx...]`` for a Numba array value inside an intrinsic."""
+        ary = context.make_array(aryty)(context, builder, aryval)
+        inds = [context.cast(builder, v, t, types.intp) for v, t in zip(idx_vals, idx_types)]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds)
+        return builder.ptrtoint(ptr, ir.IntType(64))
+
+    # Shared arrays reach an intrinsic as generic pointers: cvta.to.shared makes the 32-bit
+    # shared-window address that ldmatrix and cp.async take.
+    _TO_SHARED = "{ .reg .u64 t; .reg .u32 s; cvta.to.shared.u64 t, $%d; cvt.u32.u64 s, t; %s }"
+
+    def _ldmatrix_intrinsic(trans: bool):
+        op = "ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {$0,$1,$2,$3}, [s];" % (
+            ".trans" if trans else "")
+
+        @intrinsic
+        def ldm(typingctx, ary, i, j):
+            sig = types.UniTuple(_U32, 4)(ary, i, j)
+
+            def codegen(context, builder, sig, args):
+                addr = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:],
+                                         args[1:])
+                i32 = ir.IntType(32)
+                fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)])
+                asm = ir.InlineAsm(fnty, _TO_SHARED % (4, op), "=r,=r,=r,=r,l,~{memory}",
+                                   side_effect=True)
+                res = builder.call(asm, [addr])
+                vals = [builder.extract_value(res, n) for n in range(4)]
+                return context.make_tuple(builder, sig.return_type, vals)
+
+            return sig, codegen
+
+        return ldm
+
+    ldmatrix_x4 = _ldmatrix_intrinsic(False)
+    ldmatrix_x4_trans = _ldmatrix_intrinsic(True)
+
+    @intrinsic
+    def cp_async16(typingctx, dst, di, dj, src, s0, s1, s2, s3, src_bytes):
+        """16 bytes from ``&src[s0, s1, s2, s3]`` (global) to ``&dst[di, dj]`` (shared)."""
+        sig = types.void(dst, di, dj, src, s0, s1, s2, s3, src_bytes)
+
+        def codegen(context, builder, sig, args):
+            d = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:3], args[1:3])
+            g = _item_pointer_i64(context, builder, sig.args[3], args[3], sig.args[4:8], args[4:8])
+            n = context.cast(builder, args[8], sig.args[8], types.int32)
+            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(64), ir.IntType(32)])
+            asm = ir.InlineAsm(fnty, _TO_SHARED % (0, "cp.async.cg.shared.global [s], [$1], 16, $2;"),
+                               "l,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [d, g, n])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    def _bare_asm_intrinsic(text):
+        @intrinsic
+        def op(typingctx):
+            sig = types.void()
+
+            def codegen(context, builder, sig, args):
+                fnty = ir.FunctionType(ir.VoidType(), [])
+                builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return op
+
+    cp_async_commit = _bare_asm_intrinsic("cp.async.commit_group;")
+    cp_async_wait_all = _bare_asm_intrinsic("cp.async.wait_group 0;")
 
 else:
     _exchange_lock = threading.Lock()
@@ -206,3 +286,39 @@ else:
     def shfl_xor(value, lane_mask):
         """``value`` from lane ``lane ^ lane_mask`` of the same warp."""
         return _collective(value, _XOR[lane_mask])
+
+    def _ldm_combine(slots):
+        return [tuple(slots[8 * m + (lane >> 2)][lane & 3] for m in range(4)) for lane in range(32)]
+
+    def _ldm_trans_combine(slots):
+        words = np.array([[int(x) & 0xFFFFFFFF for x in row] for row in slots], dtype=np.uint32)
+        halves = words.view(np.uint16)                 # (32 row addresses, 8 columns)
+        out = []
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            regs = []
+            for m in range(4):
+                lo = int(halves[8 * m + 2 * t, g])
+                hi = int(halves[8 * m + 2 * t + 1, g])
+                regs.append(np.uint32(lo | (hi << 16)))
+            out.append(tuple(regs))
+        return out
+
+    def ldmatrix_x4(ary, i, j):
+        """Four 8x8 16-bit matrices from shared memory; this lane gives row ``&ary[i, j]``."""
+        return _collective(tuple(ary[i, j + e] for e in range(4)), _ldm_combine)
+
+    def ldmatrix_x4_trans(ary, i, j):
+        """As ``ldmatrix_x4``, each matrix delivered transposed."""
+        return _collective(tuple(ary[i, j + e] for e in range(4)), _ldm_trans_combine)
+
+    def cp_async16(dst, di, dj, src, s0, s1, s2, s3, src_bytes):
+        """Copy 4 words ``src[s0, s1, s2, s3:s3+4]`` to ``dst[di, dj:dj+4]`` (zeros if src_bytes 0)."""
+        for e in range(4):
+            dst[di, dj + e] = src[s0, s1, s2, s3 + e] if src_bytes else 0
+
+    def cp_async_commit():
+        """Close the current group of asynchronous copies (a no-op in the simulator)."""
+
+    def cp_async_wait_all():
+        """Wait for every committed asynchronous copy (a no-op in the simulator)."""
