@@ -120,7 +120,11 @@ def _check_gpu_inputs(q, k, v):
 def _kernel_array(x, kind: str, as_words: bool):
     """The array the kernel reads: x itself, or a uint32 view of pairs along head_dim."""
     if kind == "numpy":
-        return x.view(np.uint32) if as_words else x
+        # The simulator copies plain ndarrays and insists on contiguity; its own array wrapper
+        # shares the memory with any strides.
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(x.view(np.uint32) if as_words else x)
     ptr, shape, strides, itemsize, _ = _interface(x, kind)
     if as_words:
         if ptr % 4 or any(s % 4 for s in strides[:3]):

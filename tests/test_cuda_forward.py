@@ -1,0 +1,295 @@
+"""The GPU forward kernels (numba_flash.cuda) against the float64 reference.
+
+Without a GPU these run in Numba's CUDA simulator on NumPy inputs (small shapes: every simulated
+mma is a Python-level warp exchange); with a GPU the same checks run on CuPy / PyTorch arrays,
+plus larger shapes, stream, interop and memory tests marked ``gpu``.
+
+Error rule (DESIGN.md): max |out - ref64| <= 2 x the max error of a naive implementation in the
+same dtype (scores, probabilities and output each rounded to it) + a tiny atol.
+"""
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from numba_flash.cuda import launch
+from numba_flash.cuda.warp import SIMULATOR
+from numba_flash_reference.attention import attention as reference
+from numba_flash_reference.masks import CausalMask, visible_matrix
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32),
+          "float64": np.dtype(np.float64)}
+ATOL = {"float16": 1e-4, "bfloat16": 5e-4, "float32": 1e-6, "float64": 1e-12}
+
+gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+if not SIMULATOR:
+    cp = pytest.importorskip("cupy")
+
+
+@pytest.fixture(autouse=True)
+def _nan_poisoned_outputs(monkeypatch):
+    """Every output the launcher allocates starts as NaN, so an unwritten element fails."""
+    original = launch._empty_like_kind
+
+    def poisoned(kind, like, shape, dtype_name):
+        arr = original(kind, like, shape, dtype_name)
+        if kind == "torch":
+            arr.fill_(float("nan"))
+        elif kind == "numpy" or dtype_name != "bfloat16":
+            arr[...] = np.nan
+        return arr
+
+    monkeypatch.setattr(launch, "_empty_like_kind", poisoned)
+
+
+def _random(rng, shape, dtype_name):
+    return rng.standard_normal(shape).astype(DTYPES[dtype_name])
+
+
+def _to_device(x):
+    """NumPy (simulator) stays NumPy; on a GPU: CuPy, or a torch tensor for bfloat16."""
+    if SIMULATOR:
+        return x
+    if x.dtype == BF16:
+        import torch
+
+        return torch.from_numpy(x.view(np.uint16).astype(np.int16)).view(torch.bfloat16).cuda()
+    return cp.asarray(x)
+
+
+def _to_host(x):
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        if x.dtype == torch.bfloat16:
+            return x.view(torch.int16).cpu().numpy().view(BF16)
+        return x.cpu().numpy()
+    return cp.asnumpy(x)
+
+
+def _round(x, dtype):
+    return x.astype(dtype).astype(np.float64)
+
+
+def naive_same_dtype(q, k, v, scale, visible, softcap=None):
+    """Dense attention in the inputs' precision: scores, probabilities, output rounded to it."""
+    dt = q.dtype
+    work = np.float64 if dt == np.float64 else np.float32
+    b, sq, hq, d = q.shape
+    hkv = k.shape[2]
+    kk = np.repeat(k.astype(work), hq // hkv, axis=2)
+    vv = np.repeat(v.astype(work), hq // hkv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q.astype(work), kk) * work(scale)
+    if softcap:
+        s = work(softcap) * np.tanh(s / work(softcap))
+    s = _round(s, dt)
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    p = _round(np.divide(p, l, out=np.zeros_like(p), where=l > 0), dt)
+    return _round(np.einsum("bhqk,bkhd->bqhd", p, vv.astype(np.float64)), dt)
+
+
+def check_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal=False, window=(-1, -1), sinks=0,
+               softcap=None, transpose=False):
+    shape_q, shape_k = (b, sq, hq, d), (b, sk, hkv, d)
+    if transpose:  # (B, H, S, D) storage, passed as strided (B, S, H, D) views
+        q = _random(rng, (b, hq, sq, d), dtype_name).transpose(0, 2, 1, 3)
+        k = _random(rng, (b, hkv, sk, d), dtype_name).transpose(0, 2, 1, 3)
+        v = _random(rng, (b, hkv, sk, d), dtype_name).transpose(0, 2, 1, 3)
+    else:
+        q, k, v = (_random(rng, s, dtype_name) for s in (shape_q, shape_k, shape_k))
+    scale = d ** -0.5
+    kw = dict(causal=causal, window_size=window, sinks=sinks, softcap=softcap)
+    dq, dk, dv = (_to_device(x) for x in (q, k, v))
+    if transpose and not SIMULATOR and dtype_name != "bfloat16":
+        dq, dk, dv = (cp.asarray(np.ascontiguousarray(x.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3)
+                      for x in (q, k, v))
+    out, lse = launch.attention_cuda(dq, dk, dv, softmax_scale=scale, return_lse=True, **kw)
+    out, lse = _to_host(out), _to_host(lse)
+    assert out.shape == shape_q and out.dtype == q.dtype
+    assert lse.shape == (b, hq, sq) and lse.dtype == np.float32
+    ref, ref_lse = reference(q, k, v, softmax_scale=scale, return_lse=True, **kw)
+    vis = visible_matrix(sq, sk, causal=causal, window_size=window, sinks=sinks)
+    naive = naive_same_dtype(q, k, v, scale, vis, softcap)
+    err = np.abs(out.astype(np.float64) - ref).max()
+    naive_err = np.abs(naive - ref).max()
+    assert not np.isnan(out).any()
+    assert err <= 2 * naive_err + ATOL[dtype_name], (err, naive_err)
+    empty = ~vis.any(axis=1)
+    assert np.all(out[:, empty] == 0)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0) <= 1e-5 * max(1, np.abs(ref_lse[fin]).max(initial=0))
+    return out
+
+
+# Simulator-sized cases: (dtype, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap)
+HALF_CASES = [
+    ("float16", 1, 17, 17, 2, 1, 32, False, (-1, -1), 0, None),      # GQA 2
+    ("bfloat16", 1, 17, 129, 1, 1, 32, True, (-1, -1), 0, None),     # 3 key tiles, bottom-right
+    ("float16", 1, 70, 150, 1, 1, 32, False, (6, 3), 2, None),       # window + sinks, skipped tiles
+    ("bfloat16", 1, 1, 17, 2, 2, 64, True, (-1, -1), 0, 5.0),        # one query, softcap
+    ("float16", 1, 20, 5, 1, 1, 96, True, (-1, -1), 0, None),        # rows that see no key
+    ("bfloat16", 2, 9, 33, 3, 1, 32, False, (4, -1), 0, None),       # MQA, left window only
+]
+FULL_CASES = [
+    (dt, 1, sq, sk, hq, hkv, d, causal, window, sinks, None)
+    for dt in ("float32", "float64")
+    for (sq, sk, hq, hkv, d, causal, window, sinks) in [
+        (17, 17, 2, 1, 32, False, (-1, -1), 0),
+        (1, 129, 4, 2, 64, True, (-1, -1), 0),
+        (70, 45, 1, 1, 32, True, (-1, -1), 0),
+        (129, 129, 1, 1, 32, False, (8, 8), 3),
+        (33, 20, 2, 2, 96, False, (2, 0), 0),
+    ]
+] + [("float32", 1, 17, 40, 2, 1, 256, True, (-1, -1), 0, 3.0),
+     ("float64", 2, 5, 9, 2, 1, 128, False, (-1, -1), 0, None)]
+
+
+@pytest.mark.parametrize("case", HALF_CASES + FULL_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_against_reference(case):
+    dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap = case
+    rng = np.random.default_rng(hash(case) % 2**32)
+    check_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap)
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "float32"])
+def test_strided_head_major_view(dtype_name):
+    rng = np.random.default_rng(7)
+    check_case(rng, dtype_name, 1, 17, 20, 2, 1, 32, causal=True, transpose=True)
+
+
+def test_bitwise_identical_across_runs():
+    rng = np.random.default_rng(11)
+    q, k, v = (_to_device(_random(rng, (1, 17, 2, 32), "float16")) for _ in range(3))
+    a = _to_host(launch.attention_cuda(q, k, v, softmax_scale=0.2, causal=True))
+    b = _to_host(launch.attention_cuda(q, k, v, softmax_scale=0.2, causal=True))
+    assert np.array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+def test_second_call_compiles_nothing():
+    rng = np.random.default_rng(12)
+    q, k, v = (_to_device(_random(rng, (1, 5, 1, 64), "float32")) for _ in range(3))
+    launch.attention_cuda(q, k, v, softmax_scale=0.1)
+    before = launch.compiled_kernel_count()
+    launch.attention_cuda(q, k, v, softmax_scale=0.3)
+    assert launch.compiled_kernel_count() == before
+
+
+def _bad_inputs(rng, shapes=((1, 5, 2, 32),) * 3, dtypes=("float32",) * 3):
+    return [_to_device(_random(rng, s, dt)) for s, dt in zip(shapes, dtypes)]
+
+
+def test_unsupported_head_dim_raises():
+    q, k, v = _bad_inputs(np.random.default_rng(0), shapes=((1, 5, 2, 48),) * 3)
+    with pytest.raises(ValueError, match="head_dim must be one of .* got 48"):
+        launch.attention_cuda(q, k, v, softmax_scale=0.1)
+
+
+def test_dtype_mismatch_raises():
+    q, k, v = _bad_inputs(np.random.default_rng(0), dtypes=("float32", "float16", "float32"))
+    with pytest.raises(TypeError, match="q float32, k float16"):
+        launch.attention_cuda(q, k, v, softmax_scale=0.1)
+
+
+def test_non_contiguous_head_dim_raises():
+    rng = np.random.default_rng(0)
+    q, k, v = _bad_inputs(rng, shapes=((1, 5, 2, 64),) * 3)
+    with pytest.raises(ValueError, match="q must have a contiguous head_dim"):
+        launch.attention_cuda(q[..., ::2], k[..., :32], v[..., :32], softmax_scale=0.1)
+
+
+def test_mask_object_not_implemented():
+    q, k, v = _bad_inputs(np.random.default_rng(0))
+    with pytest.raises(NotImplementedError, match="every mask on the GPU"):
+        launch.attention_cuda(q, k, v, softmax_scale=0.1, mask=CausalMask())
+
+
+def test_arrays_on_different_devices_raise(monkeypatch):
+    q, k, v = _bad_inputs(np.random.default_rng(0))
+    original = launch._interface
+    calls = itertools.count()
+
+    def fake(x, kind):
+        ptr, shape, strides, itemsize, _ = original(x, kind)
+        return ptr, shape, strides, itemsize, next(calls) % 2   # q on 0, k on 1, ...
+
+    monkeypatch.setattr(launch, "_interface", fake)
+    with pytest.raises(ValueError, match="one device"):
+        launch.attention_cuda(q, k, v, softmax_scale=0.1)
+
+
+# ---------------------------------------------------------------- real GPU only
+GPU_SHAPES = [(1, 1, 1), (1, 17, 17), (2, 129, 129), (1, 129, 300), (1, 300, 129), (1, 513, 1000)]
+GPU_MASKS = [(False, (-1, -1), 0), (True, (-1, -1), 0), (False, (100, 30), 0),
+             (False, (64, 0), 4)]
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("ratio", [1, 4])
+def test_gpu_grid(dtype_name, d, ratio):
+    rng = np.random.default_rng(d * 7 + ratio)
+    for (b, sq, sk), (causal, window, sinks) in itertools.product(GPU_SHAPES, GPU_MASKS):
+        check_case(rng, dtype_name, b, sq, sk, 4, 4 // ratio, d, causal, window, sinks)
+
+
+@gpu
+def test_gpu_softcap_and_bitwise_large():
+    rng = np.random.default_rng(5)
+    check_case(rng, "bfloat16", 2, 700, 900, 8, 2, 128, True, (-1, -1), 0, 20.0)
+    q, k, v = (cp.asarray(_random(rng, (2, 1000, 4, 128), "float16")) for _ in range(3))
+    a = launch.attention_cuda(q, k, v, softmax_scale=0.1, causal=True)
+    b = launch.attention_cuda(q, k, v, softmax_scale=0.1, causal=True)
+    assert bool((a.view(cp.uint16) == b.view(cp.uint16)).all())
+
+
+@gpu
+def test_gpu_kinds_zero_copy_and_stream():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    q = torch.randn(2, 8, 300, 64, device="cuda", dtype=torch.float16).transpose(1, 2)  # strided
+    k = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.float16)
+    out = launch.attention_cuda(q, k, k, softmax_scale=0.125, causal=True)
+    assert isinstance(out, torch.Tensor) and out.device == q.device and out.shape == q.shape
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2).float(), k.repeat_interleave(4, 2).transpose(1, 2).float(),
+        k.repeat_interleave(4, 2).transpose(1, 2).float(), is_causal=True)
+    assert (out.float() - ref.transpose(1, 2)).abs().max().item() < 5e-3
+    x = cp.asarray(_random(rng, (1, 4000, 4, 128), "float16"))
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        out = launch.attention_cuda(x, x, x, softmax_scale=0.1)
+    s.synchronize()
+    assert isinstance(out, cp.ndarray)
+    ref = launch.attention_cuda(x, x, x, softmax_scale=0.1, stream=s)
+    s.synchronize()
+    assert bool((out == ref).all())
+
+
+@gpu
+def test_gpu_no_quadratic_memory():
+    pool = cp.get_default_memory_pool()
+    rng = cp.random.default_rng(0)
+    b, n, h, d = 1, 16384, 16, 128
+    q, k, v = (rng.standard_normal((b, n, h, d), dtype=cp.float32).astype(cp.float16)
+               for _ in range(3))
+    cp.cuda.runtime.deviceSynchronize()
+    pool.free_all_blocks()
+    base = pool.used_bytes()
+    out, lse = launch.attention_cuda(q, k, v, softmax_scale=d ** -0.5, causal=True, return_lse=True)
+    cp.cuda.runtime.deviceSynchronize()
+    extra = pool.used_bytes() - base
+    expected = out.nbytes + lse.nbytes
+    assert extra <= expected + (1 << 20), (extra, expected)
+    assert not bool(cp.isnan(out).any())
