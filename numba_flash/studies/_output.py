@@ -51,18 +51,19 @@ def write_summary(title: str, lines: list[str], path: Path) -> Path:
     return path
 
 
-def new_figure(ncols: int = 1, *, width: float = 5.2, height: float = 3.8):
-    """A matplotlib Figure with ``ncols`` axes side by side, drawn off-screen (Agg canvas).
+def new_figure(ncols: int = 1, *, nrows: int = 1, width: float = 5.2, height: float = 3.8):
+    """A matplotlib Figure with a grid of ``nrows`` x ``ncols`` axes, each about ``width`` x
+    ``height`` inches, drawn off-screen (Agg canvas).
 
     Uses ``matplotlib.figure.Figure`` directly, so no pyplot backend is selected or changed.
-    Returns ``(figure, list_of_axes)``.
+    Returns ``(figure, list_of_axes)`` (row by row).
     """
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("the studies draw with matplotlib: pip install 'numba-flash[plot]'") from exc
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
-    axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    axes = [fig.add_subplot(nrows, ncols, i + 1) for i in range(nrows * ncols)]
     return fig, axes
 
 
