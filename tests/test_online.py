@@ -302,6 +302,7 @@ def test_arithmetic_matches_native_ieee(name):
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(block_m=0), ValueError, "block_m must be a positive integer"),
     (dict(block_n=2.5), TypeError, "block_n must be a positive integer"),
+    (dict(block_m=True), TypeError, "block_m must be a positive integer"),
     (dict(accum_dtype="float8"), ValueError, "accum_dtype must be one of"),
     (dict(p_dtype=np.int8), ValueError, "p_dtype must be one of"),
     (dict(tile_order="forward"), ValueError, "tile_order must be None, 'reverse' or a callable"),
