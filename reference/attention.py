@@ -225,7 +225,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     Returns out, float64 (batch, seqlen_q, heads_q, head_dim); with ``return_lse`` the tuple
     (out, lse), lse float64 (batch, heads_q, seqlen_q), the natural-log log-sum-exp of each row's
     visible scores. A row with no visible key has out 0 and lse -inf. Query rows are processed
-    in chunks so temporaries stay under 100 MiB whatever the sizes.
+    in chunks of about 2**21 scores (16 MiB per float64 temporary; at least one row per chunk),
+    so memory beyond the inputs, the float64 copies of k and v, and the output stays bounded.
     """
     q, k, v = as_float_arrays(q, k, v)
     problem = check_problem(q.shape, k.shape, v.shape, softmax_scale=softmax_scale, causal=causal,
