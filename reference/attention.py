@@ -22,7 +22,7 @@ __all__ = ["attention", "check_shapes", "check_input_dtype", "check_softmax_scal
            "check_problem", "Problem", "visible_block", "as_float_arrays"]
 
 # Score elements (batch * heads_q * rows * keys) per query-row chunk: 2**21 float64 = 16 MiB, so a
-# chunk's few temporaries stay well under 100 MiB whatever the problem size.
+# chunk's temporaries stay small (16 MiB each) unless one row of scores is larger.
 _CHUNK_ELEMENTS = 1 << 21
 
 
