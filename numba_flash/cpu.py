@@ -8,27 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["attention_cpu", "round_from_float64"]
-
-
-def round_from_float64(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Round float64 ``x`` to ``dtype`` once, to nearest (ties to even).
-
-    NumPy rounds float64 to float16/float32 correctly, but ml_dtypes casts float64 to bfloat16
-    through float32, which can round twice. Rounding to float32 *to odd* first (truncate, then
-    set the last bit if anything was cut off) makes the second rounding exact, since float32
-    keeps 16 more significand bits than bfloat16.
-    """
-    dtype = np.dtype(dtype)
-    if dtype.name != "bfloat16":
-        return x.astype(dtype)
-    x = np.asarray(x, dtype=np.float64)
-    near = x.astype(np.float32)
-    overshot = np.abs(near.astype(np.float64)) > np.abs(x)
-    trunc = np.where(overshot, np.nextafter(near, np.float32(0)), near)
-    inexact = trunc.astype(np.float64) != x
-    bits = trunc.view(np.uint32) | inexact.astype(np.uint32)
-    return bits.view(np.float32).astype(dtype)
+__all__ = ["attention_cpu"]
 
 
 def attention_cpu(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1), sinks=0,
@@ -41,9 +21,11 @@ def attention_cpu(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1),
     float32 (natural log; -inf for a query row that sees no key, whose output is 0).
     """
     from numba_flash_reference.attention import attention as reference_attention
+    from numba_flash_reference.precision import round_to
 
     out64, lse64 = reference_attention(q, k, v, softmax_scale=softmax_scale, causal=causal,
                                        window_size=window_size, sinks=sinks, mask=mask,
                                        softcap=softcap, return_lse=True)
-    out = round_from_float64(out64, q.dtype)
+    # One correct rounding to the input dtype (ml_dtypes alone rounds bfloat16 twice, via float32).
+    out = round_to(out64, q.dtype).astype(q.dtype)
     return (out, lse64.astype(np.float32)) if return_lse else out

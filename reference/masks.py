@@ -777,6 +777,7 @@ class DenseMask(Mask):
                              f"{arr.shape}")
         self.seqlen_q, self.seqlen_k = arr.shape
         self.bits = pack_bitmask(arr)
+        self._matrix = None
 
     def _check_sizes(self, seqlen_q, seqlen_k):
         if (seqlen_q, seqlen_k) != (self.seqlen_q, self.seqlen_k):
@@ -784,8 +785,12 @@ class DenseMask(Mask):
                              f"({self.seqlen_q}, {self.seqlen_k}), got ({seqlen_q}, {seqlen_k})")
 
     def matrix(self) -> np.ndarray:
-        """The visibility matrix, bool (seqlen_q, seqlen_k)."""
-        return unpack_bitmask(self.bits, self.seqlen_k)
+        """The visibility matrix, bool (seqlen_q, seqlen_k), read-only (unpacked once, cached:
+        the online softmax asks for it tile by tile)."""
+        if self._matrix is None:
+            self._matrix = unpack_bitmask(self.bits, self.seqlen_k)
+            self._matrix.flags.writeable = False
+        return self._matrix
 
     def _visible(self, qpos, kpos, seqlen_k):
         rows = qpos - (seqlen_k - self.seqlen_q)

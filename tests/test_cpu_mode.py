@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import numba_flash
-from numba_flash.cpu import round_from_float64
+from numba_flash_reference.precision import round_to
 from numba_flash_reference.masks import Mask, SlidingWindowMask, visible_matrix
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -97,7 +97,7 @@ def test_bfloat16_output_is_rounded_once_not_twice():
     # float32 first would land on the midpoint and round down to 1.
     x = np.array([1 + 2.0**-8 + 2.0**-30, -(1 + 2.0**-8 + 2.0**-30), 1 + 2.0**-8,
                   1 + 3 * 2.0**-8, 0.0, 3.0e-39])
-    got = round_from_float64(x, BF16).astype(np.float64)
+    got = round_to(x, BF16)
     np.testing.assert_array_equal(got, [1 + 2.0**-7, -(1 + 2.0**-7), 1.0, 1 + 2.0**-6, 0.0,
                                         x[5].astype(BF16).astype(np.float64)])
 
@@ -106,7 +106,7 @@ def test_bfloat16_output_is_rounded_once_not_twice():
 @given(st.lists(st.floats(-1e4, 1e4, allow_nan=False), min_size=1, max_size=40))
 def test_bfloat16_rounding_picks_the_nearest_neighbour(values):
     x = np.array(values)
-    got = round_from_float64(x, BF16).astype(np.float64)
+    got = round_to(x, BF16)
     bits = got.astype(BF16).view(np.uint16).astype(np.int32)
     for delta in (-1, 1):  # neighbours one bfloat16 ulp away (bits of 0 - 1 are a NaN: skipped)
         other = (bits + delta).astype(np.uint16).view(BF16).astype(np.float64)
