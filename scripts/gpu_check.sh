@@ -16,11 +16,13 @@ for step in $steps; do
       python3 scripts/gpu_kernel_report.py --sass-dir /tmp/sass --json "$OUT/kernel_report.json" 2>&1 | tee "$OUT/report.log"
       tar czf "$OUT/sass.tar.gz" -C /tmp sass ;;
     tests)
-      python3 -m pytest -q -x tests/test_cuda_forward.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+      python3 -m pytest -q tests/test_cuda_forward.py --durations=5 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     sanitizer)
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_case.py 2>&1 | tail -6 | tee -a "$OUT/sanitizer.log"
-        echo "compute-sanitizer $tool rc=${PIPESTATUS[0]}" | tee -a "$OUT/sanitizer.log"
+        compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_case.py > "$OUT/sanitizer_$tool.log" 2>&1
+        echo "compute-sanitizer $tool rc=$?" | tee -a "$OUT/sanitizer.log"
+        grep -v "Warn\|warn(" "$OUT/sanitizer_$tool.log" | grep -m 12 -A 3 "=====" | head -40
+        tail -2 "$OUT/sanitizer_$tool.log" | tee -a "$OUT/sanitizer.log"
       done ;;
     cache)
       # first call in a process: cold (compiles, writes the on-disk cache), then warm (loads it)
@@ -41,6 +43,8 @@ PY
       done ;;
     bench)
       python3 scripts/bench_forward.py --out "$OUT/bench_forward.json" --plot "$OUT/bench_forward.png" 2>&1 | tee "$OUT/bench.log" ;;
+    bench-bn32)   # tuning experiment: 32-key tiles for every head_dim
+      NUMBA_FLASH_MMA_BLOCK_N=32 python3 scripts/bench_forward.py --quick --no-naive --out "$OUT/bench_bn32.json" --plot /tmp/q.png 2>&1 | tail -6 | tee "$OUT/bench_bn32.log" ;;
     bench-quick)
       python3 scripts/bench_forward.py --quick --no-naive --out "$OUT/bench_quick.json" --plot /tmp/q.png 2>&1 | tee "$OUT/bench.log" ;;
   esac

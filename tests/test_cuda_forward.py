@@ -73,12 +73,9 @@ def _to_host(x):
     return cp.asnumpy(x)
 
 
-def _round(x, dtype):
-    return x.astype(dtype).astype(np.float64)
-
-
 def naive_same_dtype(q, k, v, scale, visible, softcap=None):
-    """Dense attention in the inputs' precision: scores, probabilities, output rounded to it."""
+    """Dense attention in the inputs' precision: float32/float64 computed in that dtype;
+    float16/bfloat16 with float32 arithmetic and scores, probabilities and output rounded to it."""
     dt = q.dtype
     work = np.float64 if dt == np.float64 else np.float32
     b, sq, hq, d = q.shape
@@ -88,14 +85,14 @@ def naive_same_dtype(q, k, v, scale, visible, softcap=None):
     s = np.einsum("bqhd,bkhd->bhqk", q.astype(work), kk) * work(scale)
     if softcap:
         s = work(softcap) * np.tanh(s / work(softcap))
-    s = _round(s, dt)
-    s = np.where(visible, s, -np.inf)
+    s = s.astype(dt).astype(work)
+    s = np.where(visible, s, work(-np.inf))
     m = s.max(axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
+    m = np.where(np.isfinite(m), m, work(0))
     p = np.exp(s - m)
     l = p.sum(axis=-1, keepdims=True)
-    p = _round(np.divide(p, l, out=np.zeros_like(p), where=l > 0), dt)
-    return _round(np.einsum("bhqk,bkhd->bqhd", p, vv.astype(np.float64)), dt)
+    p = np.divide(p, l, out=np.zeros_like(p), where=l > 0).astype(dt).astype(work)
+    return np.einsum("bhqk,bkhd->bqhd", p, vv).astype(dt).astype(np.float64)
 
 
 def check_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal=False, window=(-1, -1), sinks=0,

@@ -22,6 +22,7 @@ where every pair is visible skip per-element masking.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from numba import cuda
@@ -46,7 +47,13 @@ def _jit(fn):
 
 
 def mma_block_n(head_dim: int) -> int:
-    """Keys per K/V tile of the tensor-core kernel (fits 48 KB of static shared memory)."""
+    """Keys per K/V tile of the tensor-core kernel (fits 48 KB of static shared memory).
+
+    ``NUMBA_FLASH_MMA_BLOCK_N`` (32 or 64) overrides it, for tuning experiments.
+    """
+    forced = os.environ.get("NUMBA_FLASH_MMA_BLOCK_N")
+    if forced:
+        return int(forced)
     return 64 if head_dim <= 128 else 32
 
 
@@ -436,9 +443,25 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
 
             mx = npdt(NEG_INF)
             for j in range(BN):
-                dot = npdt(0.0)
-                for d in range(D):
-                    dot += qr[d] * ks[j, d]
+                # 8 interleaved partial sums: shorter rounding chains and independent FMAs.
+                d0 = npdt(0.0)
+                d1 = npdt(0.0)
+                d2 = npdt(0.0)
+                d3 = npdt(0.0)
+                d4 = npdt(0.0)
+                d5 = npdt(0.0)
+                d6 = npdt(0.0)
+                d7 = npdt(0.0)
+                for d in range(0, D, 8):
+                    d0 += qr[d] * ks[j, d]
+                    d1 += qr[d + 1] * ks[j, d + 1]
+                    d2 += qr[d + 2] * ks[j, d + 2]
+                    d3 += qr[d + 3] * ks[j, d + 3]
+                    d4 += qr[d + 4] * ks[j, d + 4]
+                    d5 += qr[d + 5] * ks[j, d + 5]
+                    d6 += qr[d + 6] * ks[j, d + 6]
+                    d7 += qr[d + 7] * ks[j, d + 7]
+                dot = ((d0 + d1) + (d2 + d3)) + ((d4 + d5) + (d6 + d7))
                 if has_softcap:
                     x = cap_out * math.tanh(cap_in * dot)
                 else:
