@@ -5,13 +5,13 @@ message names the argument, what it got and what was expected.
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
+from numba_flash_reference.attention import check_softcap, check_softmax_scale
 from numba_flash_reference.masks import Mask, check_window_size, mask_from_flags
 
 from .arrays import describe_all
@@ -68,10 +68,6 @@ def _is_bool(value) -> bool:
     return isinstance(value, (bool, np.bool_))
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not _is_bool(value)
-
-
 def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not _is_bool(value)
 
@@ -81,32 +77,6 @@ def _check_bool(name, value) -> bool:
         raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} "
                         f"{value!r}")
     return bool(value)
-
-
-def _check_softmax_scale(value, head_dim) -> float:
-    if value is None:
-        return 1.0 / math.sqrt(head_dim)
-    if not _is_real(value):
-        raise TypeError(f"softmax_scale must be None or a real number, got "
-                        f"{type(value).__name__} {value!r}")
-    if not math.isfinite(float(value)) or float(value) == 0.0:
-        raise ValueError(f"softmax_scale must be finite and non-zero, got {value!r}")
-    return float(value)
-
-
-def _check_softcap(value) -> float | None:
-    if value is None:
-        return None
-    if not _is_real(value):
-        raise TypeError(f"softcap must be None or a real number >= 0, got "
-                        f"{type(value).__name__} {value!r}")
-    value = float(value)
-    if value == 0.0:
-        return None  # flash-attn's spelling of "no softcap"
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"softcap must be None or 0.0 (no capping) or a finite number > 0, "
-                         f"got {value!r}")
-    return value
 
 
 def _check_sinks(value) -> int:
@@ -221,10 +191,10 @@ def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1),
     window_size = check_window_size(window_size)
     sinks = _check_sinks(sinks)
     mask = _check_mask(mask)
-    softcap = _check_softcap(softcap)
+    softcap = check_softcap(softcap)
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = _check_shapes(infos)
     dtype = _check_dtypes(infos)
-    softmax_scale = _check_softmax_scale(softmax_scale, head_dim)
+    softmax_scale = check_softmax_scale(softmax_scale, head_dim)
     chosen = _resolve_backend(backend, kind, stream)
     if kind == "cuda":
         _check_gpu_strides(infos)

@@ -202,15 +202,15 @@ def test_dtype_errors():
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(softmax_scale="0.5"), TypeError, r"softmax_scale must be None or a real number, got str"),
-    (dict(softmax_scale=True), TypeError, r"softmax_scale must be None or a real number"),
+    (dict(softmax_scale="0.5"), TypeError, r"softmax_scale must be a real number or None, got str"),
+    (dict(softmax_scale=True), TypeError, r"softmax_scale must be a real number or None"),
     (dict(softmax_scale=float("nan")), ValueError, r"softmax_scale must be finite and non-zero"),
     (dict(softmax_scale=math.inf), ValueError, r"softmax_scale must be finite"),
     (dict(softmax_scale=0.0), ValueError, r"softmax_scale must be finite and non-zero"),
-    (dict(softcap=-1.0), ValueError, r"softcap must be None or 0.0 \(no capping\) or a finite "
-                                     r"number > 0, got -1.0"),
+    (dict(softcap=-1.0), ValueError, r"softcap must be a finite number > 0 \(or None / 0.0 for no "
+                                     r"softcap\), got -1.0"),
     (dict(softcap=math.inf), ValueError, r"softcap must be"),
-    (dict(softcap="big"), TypeError, r"softcap must be None or a real number"),
+    (dict(softcap="big"), TypeError, r"softcap must be a positive real number or None, got str"),
     (dict(causal=1), TypeError, r"causal must be a bool \(True or False\), got int 1"),
     (dict(causal="yes"), TypeError, r"causal must be a bool"),
     (dict(return_lse=None), TypeError, r"return_lse must be a bool"),
