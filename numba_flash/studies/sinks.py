@@ -33,7 +33,7 @@ FP16_MIN_NORMAL = 2.0 ** -14
 CONFIGS = {
     "full": {"deltas": [float(d) for d in range(0, 26, 2)], "sinks": 4, "window": 4096,
              "rows": 256, "head_dim": 64, "block_m": 64, "block_n": 64, "seed": 6},
-    "tiny": {"deltas": [0.0, 8.0, 16.0], "sinks": 4, "window": 512, "rows": 16,
+    "tiny": {"deltas": [0.0, 8.0, 10.0], "sinks": 4, "window": 2048, "rows": 16,
              "head_dim": 64, "block_m": 16, "block_n": 64, "seed": 6},
 }
 

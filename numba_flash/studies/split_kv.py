@@ -110,7 +110,7 @@ def _headline(rows, cfg):
             h[f"{short(dt)}_{order}_mean_at_max"] = float(mean[n == n_max][0])
         h[f"{short(dt)}_seq_over_tree"] = h[f"{short(dt)}_sequential_at_max"] / \
             h[f"{short(dt)}_tree_at_max"]
-        h[f"{short(dt)}_floor"] = _series(rows, "store_floor", dt, "tree")[1][0]
+        h[f"{short(dt)}_floor"] = float(_series(rows, "store_floor", dt, "tree")[1][0])
     for dt in MIXED:
         for order in MIXED_ORDERS:
             n, err = _series(rows, "max_rel", f"{dt}+fp32lse", order)
