@@ -1,0 +1,625 @@
+"""Split-KV decode kernel (FlashDecoding): few query rows, a long (optionally paged) KV cache.
+
+One block of ``DECODE_WARPS`` warps per (split, batch item, kv head, row chunk). The query rows
+of every query head that shares the kv head (GQA packing: ``group * seqlen_q`` rows, in chunks
+of at most ``MAX_ROWS``) sit in registers, so each K/V byte of a split is read once per chunk.
+
+Decoding is memory-bound, so the kernel is built around its loads, not its arithmetic:
+
+* ``LPK`` lanes share one key row; each lane loads ``EPL`` elements of it as 16-byte vectors
+  (``ld.global.nc.v4``), chunk ``c`` of lane ``sub`` at 16-byte offset ``sub + c * LPK`` so one
+  load instruction of a warp covers ``LPK * 16`` contiguous bytes of each of ``32 / LPK`` rows.
+* every lane issues all its K and V loads of an iteration (``U`` keys, 8 x 16 bytes of K and as
+  many of V) before using any, so a warp keeps ~8 KiB in flight.
+* scores are FMA dot products in fp32, reduced over the ``LPK`` lanes of a key with
+  ``log2(LPK)`` xor-shuffles; tensor cores would not help (4 to 8 rows per kv head).
+* each key group (the ``LPK`` lanes of one key) keeps its own online-softmax state (m, l, acc);
+  all of them merge once, at the end, through shared memory (no shuffles).
+
+The split's key range is counted on a "virtual" axis: ``[0, ns)`` are the attention-sink keys
+below the window, then the keys of the window ``[lo, hi)``; ``num_splits`` blocks share it
+evenly. With one split the block writes the output (and lse) directly; otherwise it writes an
+fp32 partial state (o normalised, natural-log lse) for ``merge.make_merge_kernel``.
+
+Masks: ``window_left`` / ``window_right`` (causal is right = 0) / ``sinks``, and a draft tree
+(``tree_bits``: for query row s, bit t set iff tree node t is visible, i.e. an ancestor or
+itself; the tree occupies the last ``tree_len`` keys of each sequence, keys before it are
+visible causally). Scores are base 2 (log2 e folded into the scale) and use ``ex2.approx``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+from numba.cuda import types
+
+from .warp import SIMULATOR, exp2, pack_bf16, pack_f16, shfl_xor
+
+__all__ = ["make_decode_kernel", "decode_geometry", "DECODE_WARPS", "MAX_ROWS", "ld_v4",
+           "unpack_f16", "unpack_bf16"]
+
+DECODE_WARPS = 4
+MAX_ROWS = 8
+LN2 = 0.6931471805599453
+
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    _U32 = types.uint32
+    _F32 = types.float32
+
+    def _address(context, builder, aryty, aryval, idx_types, idx_vals):
+        ary = context.make_array(aryty)(context, builder, aryval)
+        inds = [context.cast(builder, v, t, types.intp) for v, t in zip(idx_vals, idx_types)]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds)
+        return builder.ptrtoint(ptr, ir.IntType(64))
+
+    @intrinsic
+    def ld_v4(typingctx, ary, i0, i1, i2, i3):
+        """Four uint32 words ``ary[i0, i1, i2, i3:i3+4]`` in one 16-byte read-only global load."""
+        sig = types.UniTuple(_U32, 4)(ary, i0, i1, i2, i3)
+
+        def codegen(context, builder, sig, args):
+            addr = _address(context, builder, sig.args[0], args[0], sig.args[1:], args[1:])
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)])
+            asm = ir.InlineAsm(fnty, "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
+                                     "ld.global.nc.v4.u32 {$0,$1,$2,$3}, [g]; }",
+                               "=r,=r,=r,=r,l", side_effect=False)
+            res = builder.call(asm, [addr])
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, n) for n in range(4)])
+
+        return sig, codegen
+
+    def _unpack_intrinsic(body):
+        @intrinsic
+        def unpack(typingctx, word):
+            sig = types.UniTuple(_F32, 2)(_U32)
+
+            def codegen(context, builder, sig, args):
+                f32 = ir.FloatType()
+                fnty = ir.FunctionType(ir.LiteralStructType([f32, f32]), [ir.IntType(32)])
+                res = builder.call(ir.InlineAsm(fnty, body, "=f,=f,r"), args)
+                return context.make_tuple(builder, sig.return_type,
+                                          [builder.extract_value(res, n) for n in range(2)])
+
+            return sig, codegen
+
+        return unpack
+
+    # A word holds the lower-indexed element in its low half (as everywhere in warp.py).
+    unpack_f16 = _unpack_intrinsic("{ .reg .b16 l, h; mov.b32 {l, h}, $2; "
+                                   "cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }")
+    # bfloat16 is the top half of a float32: shift / mask, no conversion instruction needed.
+    unpack_bf16 = _unpack_intrinsic("{ .reg .b32 t; shl.b32 t, $2, 16; mov.b32 $0, t; "
+                                    "and.b32 t, $2, 0xffff0000; mov.b32 $1, t; }")
+else:
+    def ld_v4(ary, i0, i1, i2, i3):
+        """Four uint32 words ``ary[i0, i1, i2, i3:i3+4]``."""
+        return (ary[i0, i1, i2, i3], ary[i0, i1, i2, i3 + 1], ary[i0, i1, i2, i3 + 2],
+                ary[i0, i1, i2, i3 + 3])
+
+    def unpack_f16(word):
+        """uint32 of two float16 -> (low, high) as float32."""
+        h = np.array([word], dtype=np.uint32).view(np.float16).astype(np.float32)
+        return h[0], h[1]
+
+    def unpack_bf16(word):
+        """uint32 of two bfloat16 -> (low, high) as float32."""
+        w = int(word) & 0xFFFFFFFF
+        f = np.array([(w << 16) & 0xFFFFFFFF, w & 0xFFFF0000], dtype=np.uint32).view(np.float32)
+        return f[0], f[1]
+
+
+def _jit(fn):
+    return cuda.jit(fn) if SIMULATOR else cuda.jit(cache=True)(fn)
+
+
+def decode_geometry(head_dim: int, rows: int):
+    """(LPK, EPL, U): lanes per key, elements per lane, keys per key group per iteration.
+
+    ``rows`` query rows per block (<= MAX_ROWS). LPK is the fewest lanes (a power of two, at
+    most 32 and at most head_dim / 8) that keep ``rows * EPL <= 64`` fp32 registers for q and as
+    many for the accumulator; U makes each lane hold 8 x 16 bytes of K (and of V) per iteration.
+    """
+    if head_dim % 8:
+        raise ValueError(f"head_dim must be a multiple of 8 for the decode kernel, got {head_dim}")
+    lpk = 1
+    while rows * (head_dim // lpk) > 64 and lpk < min(32, head_dim // 8):
+        lpk *= 2
+    epl = head_dim // lpk
+    unroll = max(1, 64 // epl)
+    return lpk, epl, unroll
+
+
+def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has_left: bool,
+                       has_right: bool, has_sinks: bool, has_softcap: bool, has_tree: bool,
+                       direct: bool, write_lse: bool):
+    """Build the decode kernel for one configuration (every argument compile-time).
+
+    Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
+    lse_part, heads_ratio, row_chunks, scale_log2, cap_in, cap_out, window_left, window_right,
+    sinks, tree_len, page_size, page_shift)``:
+
+    * q uint32 (B, Sq, Hq, D/2); k, v uint32 (B, S_max, Hkv, D/2), or paged
+      (num_pages, page_size, Hkv, D/2) with block_table int32 (B, max_pages);
+    * cache_seqlens int32 (B,); tree_bits uint32 (Sq, 2) (unused without a tree);
+    * direct: out uint32 (B, Sq, Hq, D/2), lse float32 (B, Hq, Sq);
+      else o_part float32 (splits, B, Sq, Hq, D), lse_part float32 (splits, B, Hq, Sq);
+    * page_shift = log2(page_size) when a power of two, else -1.
+
+    Grid ``(splits, B, Hkv * row_chunks)``, ``DECODE_WARPS * 32`` threads.
+    """
+    D = head_dim
+    DW = D // 2
+    R = rows
+    LPK, EPL, U = decode_geometry(D, R)
+    CH = EPL // 8                  # 16-byte chunks per lane per key
+    LOG_LPK = int(math.log2(LPK))
+    GROUPS = 32 // LPK             # key groups per warp
+    KPW = GROUPS * U               # keys per warp per iteration
+    NW = DECODE_WARPS
+    NT = NW * 32
+    KPB = NW * KPW                 # keys per block per iteration
+    KWORDS = U * CH * 4
+    unpack = unpack_bf16 if is_bf16 else unpack_f16
+    pack = pack_bf16 if is_bf16 else pack_f16
+    NEG_INF = -math.inf
+
+    def kernel(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part, lse_part,
+               heads_ratio, row_chunks, scale_log2, cap_in, cap_out, window_left, window_right,
+               sinks, tree_len, page_size, page_shift):
+        split = cuda.blockIdx.x
+        n_splits = cuda.gridDim.x
+        b = cuda.blockIdx.y
+        hk = cuda.blockIdx.z // row_chunks
+        chunk = cuda.blockIdx.z - hk * row_chunks
+        seqlen_q = q.shape[1]
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        kg = lane >> LOG_LPK
+        sub = lane & (LPK - 1)
+
+        sm_acc = cuda.shared.array((NT, R * EPL + 1), types.float32)   # +1: no bank conflicts
+        sm_m = cuda.shared.array((NT, R), types.float32)
+        sm_l = cuda.shared.array((NT, R), types.float32)
+        qf = cuda.local.array(R * EPL, types.float32)
+        acc = cuda.local.array(R * EPL, types.float32)
+        mrow = cuda.local.array(R, types.float32)
+        lrow = cuda.local.array(R, types.float32)
+        qpos = cuda.local.array(R, types.int32)
+        rmask0 = cuda.local.array(R, types.uint32)
+        rmask1 = cuda.local.array(R, types.uint32)
+        kw = cuda.local.array(KWORDS, types.uint32)
+        vw = cuda.local.array(KWORDS, types.uint32)
+        sc = cuda.local.array(R * U, types.float32)
+
+        if paged:
+            capacity = block_table.shape[1] * page_size
+        else:
+            capacity = k.shape[1]
+        n = cache_seqlens[b]
+        n = max(0, min(n, capacity))    # memory safety only: the host validates when asked
+        offset = n - seqlen_q
+        m_rows = heads_ratio * seqlen_q
+
+        # Packed rows: row i of this chunk is (query head hk * ratio + gi, query s).
+        for i in range(R):
+            rr = chunk * R + i
+            gi = rr // seqlen_q
+            s = rr - gi * seqlen_q
+            live = rr < m_rows
+            h = hk * heads_ratio + gi
+            qpos[i] = s + offset
+            if has_tree:
+                rmask0[i] = tree_bits[s if live else 0, 0]
+                rmask1[i] = tree_bits[s if live else 0, 1]
+            for c in range(CH):
+                for j in range(4):
+                    w = (sub + c * LPK) * 4 + j
+                    x0 = np.float32(0.0)
+                    x1 = np.float32(0.0)
+                    if live:
+                        x0, x1 = unpack(q[b, s, h, w])
+                    if not has_softcap:
+                        x0 *= scale_log2
+                        x1 *= scale_log2
+                    qf[i * EPL + c * 8 + j * 2] = x0
+                    qf[i * EPL + c * 8 + j * 2 + 1] = x1
+            for e in range(EPL):
+                acc[i * EPL + e] = np.float32(0.0)
+            mrow[i] = np.float32(NEG_INF)
+            lrow[i] = np.float32(0.0)
+
+        # Keys this chunk's rows may see: the window [lo, hi) plus sinks [0, ns) below it.
+        chunk_rows = min(R, m_rows - chunk * R)
+        if seqlen_q < chunk_rows:
+            q_lo = offset
+            q_hi = n - 1
+        else:
+            s0 = (chunk * R) % seqlen_q
+            s1 = (chunk * R + chunk_rows - 1) % seqlen_q
+            q_lo = offset + (s0 if s1 >= s0 else 0)
+            q_hi = offset + (s1 if s1 >= s0 else seqlen_q - 1)
+        lo = 0
+        hi = n
+        if has_left:
+            lo = max(0, q_lo - window_left)
+        if has_right:
+            hi = min(n, q_hi + window_right + 1)
+        if hi < lo:
+            hi = lo
+        ns = 0
+        if has_sinks:
+            ns = min(sinks, lo, q_hi + 1)
+            ns = max(ns, 0)
+        total = ns + hi - lo
+        per = (total + n_splits - 1) // n_splits
+        per = ((per + KPB - 1) // KPB) * KPB
+        v_start = split * per
+        v_end = min(total, v_start + per)
+        tree_start = n - tree_len
+
+        base = v_start + warp * KPW
+        while base < v_end:
+            # Issue every load of the iteration first; consume them afterwards.
+            for u in range(U):
+                vk = base + u * GROUPS + kg
+                key = vk if vk < ns else vk - ns + lo
+                ok = vk < v_end
+                if paged:
+                    if page_shift >= 0:
+                        pg = key >> page_shift
+                        row = key - (pg << page_shift)
+                    else:
+                        pg = key // page_size
+                        row = key - pg * page_size
+                    page = block_table[b, pg] if ok else 0
+                    if page < 0 or page >= k.shape[0]:
+                        page = 0
+                        ok = False
+                    bi = page
+                else:
+                    row = key
+                    bi = b
+                for c in range(CH):
+                    w = (sub + c * LPK) * 4
+                    if ok:
+                        a0, a1, a2, a3 = ld_v4(k, bi, row, hk, w)
+                        c0, c1, c2, c3 = ld_v4(v, bi, row, hk, w)
+                    else:
+                        a0 = a1 = a2 = a3 = np.uint32(0)
+                        c0 = c1 = c2 = c3 = np.uint32(0)
+                    o = (u * CH + c) * 4
+                    kw[o] = a0
+                    kw[o + 1] = a1
+                    kw[o + 2] = a2
+                    kw[o + 3] = a3
+                    vw[o] = c0
+                    vw[o + 1] = c1
+                    vw[o + 2] = c2
+                    vw[o + 3] = c3
+
+            # Scores: partial dot products over this lane's elements, reduced over the LPK lanes.
+            for u in range(U):
+                for i in range(R):
+                    sc[i * U + u] = np.float32(0.0)
+                for c in range(CH):
+                    for j in range(4):
+                        k0, k1 = unpack(kw[(u * CH + c) * 4 + j])
+                        for i in range(R):
+                            e = i * EPL + c * 8 + j * 2
+                            sc[i * U + u] += qf[e] * k0 + qf[e + 1] * k1
+            for u in range(U):
+                for i in range(R):
+                    x = sc[i * U + u]
+                    for sh in range(LOG_LPK):
+                        x += shfl_xor(x, 1 << sh)
+                    sc[i * U + u] = x
+            for u in range(U):
+                vk = base + u * GROUPS + kg
+                kpos = vk if vk < ns else vk - ns + lo
+                inrange = vk < v_end
+                for i in range(R):
+                    x = sc[i * U + u]
+                    if has_softcap:
+                        x = cap_out * math.tanh(cap_in * x)
+                    qp = qpos[i]
+                    vis = inrange
+                    if has_right:
+                        vis = vis and kpos <= qp + window_right
+                    if has_left:
+                        inwin = kpos >= qp - window_left
+                        if has_sinks:
+                            inwin = inwin or (kpos < sinks and kpos <= qp)
+                        vis = vis and inwin
+                    if has_tree:
+                        tk = kpos - tree_start
+                        if tk >= 0:
+                            word = rmask0[i] if tk < 32 else rmask1[i]
+                            vis = vis and ((word >> (tk & 31)) & 1) != 0
+                        else:
+                            vis = vis and kpos <= qp
+                    if not vis:
+                        x = np.float32(NEG_INF)
+                    sc[i * U + u] = x
+
+            # Online softmax per row, in this key group's own state.
+            for i in range(R):
+                mx = mrow[i]
+                for u in range(U):
+                    mx = max(mx, sc[i * U + u])
+                mu = mx if mx != NEG_INF else np.float32(0.0)
+                alpha = exp2(mrow[i] - mu)
+                mrow[i] = mx
+                rs = np.float32(0.0)
+                for u in range(U):
+                    p = exp2(sc[i * U + u] - mu)
+                    sc[i * U + u] = p
+                    rs += p
+                lrow[i] = lrow[i] * alpha + rs
+                for e in range(EPL):
+                    acc[i * EPL + e] *= alpha
+            for u in range(U):
+                for c in range(CH):
+                    for j in range(4):
+                        v0, v1 = unpack(vw[(u * CH + c) * 4 + j])
+                        for i in range(R):
+                            p = sc[i * U + u]
+                            e = i * EPL + c * 8 + j * 2
+                            acc[e] += p * v0
+                            acc[e + 1] += p * v1
+            base += KPB
+
+        # Every lane posts its key group's state; then each thread merges the NW * GROUPS states
+        # of the output elements it finishes (pairs, for packed 16-bit stores).
+        for i in range(R):
+            sm_m[tid, i] = mrow[i]
+            sm_l[tid, i] = lrow[i]
+            for e in range(EPL):
+                sm_acc[tid, i * EPL + e] = acc[i * EPL + e]
+        cuda.syncthreads()
+
+        for idx in range(tid, R * DW, NT):
+            i = idx // DW
+            w = idx - i * DW
+            rr = chunk * R + i
+            if rr < m_rows:
+                gi = rr // seqlen_q
+                s = rr - gi * seqlen_q
+                h = hk * heads_ratio + gi
+                ch = w >> 2                    # 16-byte chunk of the row holding elements 2w, 2w+1
+                owner = ch & (LPK - 1)         # the lane (within a key group) that loaded it
+                e0 = i * EPL + (ch >> LOG_LPK) * 8 + ((2 * w) & 7)
+                mx = np.float32(NEG_INF)
+                for st in range(NW * GROUPS):
+                    t = (st // GROUPS) * 32 + (st % GROUPS) * LPK + owner
+                    mx = max(mx, sm_m[t, i])
+                mu = mx if mx != NEG_INF else np.float32(0.0)
+                tot = np.float32(0.0)
+                o0 = np.float32(0.0)
+                o1 = np.float32(0.0)
+                for st in range(NW * GROUPS):
+                    t = (st // GROUPS) * 32 + (st % GROUPS) * LPK + owner
+                    wt = exp2(sm_m[t, i] - mu)
+                    tot += sm_l[t, i] * wt
+                    o0 += sm_acc[t, e0] * wt
+                    o1 += sm_acc[t, e0 + 1] * wt
+                inv = np.float32(0.0)
+                if tot > 0:
+                    inv = np.float32(1.0) / tot
+                lse_val = np.float32(NEG_INF)
+                if tot > 0:
+                    lse_val = (mx + math.log2(tot)) * np.float32(LN2)
+                if direct:
+                    out[b, s, h, w] = pack(o0 * inv, o1 * inv)
+                    if write_lse and w == 0:
+                        lse[b, h, s] = lse_val
+                else:
+                    o_part[split, b, s, h, 2 * w] = o0 * inv
+                    o_part[split, b, s, h, 2 * w + 1] = o1 * inv
+                    if w == 0:
+                        lse_part[split, b, h, s] = lse_val
+
+    return _jit(kernel)
+
+
+# ----------------------------------------------------------------------------- launcher
+
+_KERNELS: dict = {}
+_DUMMIES: dict = {}
+_TREES: dict = {}
+_SM_COUNTS: dict = {}
+MIN_KEYS_PER_SPLIT = 256
+WAVES = 4            # "auto" aims at this many blocks per multiprocessor
+MAX_SPLITS = 128
+
+
+def decode_kernel(*config):
+    """The cached kernel for one ``make_decode_kernel`` configuration."""
+    if config not in _KERNELS:
+        _KERNELS[config] = make_decode_kernel(*config)
+    return _KERNELS[config]
+
+
+def _sm_count(device) -> int:
+    if SIMULATOR:
+        return 4
+    key = device if device is not None else -1
+    if key not in _SM_COUNTS:
+        dev = cuda.gpus[device].get_device() if device is not None else cuda.get_current_device()
+        _SM_COUNTS[key] = int(dev.MULTIPROCESSOR_COUNT)
+    return _SM_COUNTS[key]
+
+
+def auto_num_splits(blocks: int, keys: int, sm_count: int) -> int:
+    """Splits of the key range so that the grid fills the device.
+
+    ``blocks``: blocks without splitting (B * heads_kv * row chunks); ``keys``: an upper bound
+    of the keys one block visits (the cache capacity, or the window's extent). Aims at
+    ``WAVES * sm_count`` blocks in all, keeps at least MIN_KEYS_PER_SPLIT keys per split, and
+    never exceeds MAX_SPLITS. Returns 1 (no merge) when the grid is already full.
+    """
+    want = -(-WAVES * sm_count // max(blocks, 1))
+    by_len = max(1, keys // MIN_KEYS_PER_SPLIT)
+    return int(max(1, min(want, by_len, MAX_SPLITS)))
+
+
+def _dummy(kind, device, shape, dtype):
+    if kind == "numpy" or SIMULATOR:
+        return np.zeros(shape, dtype=dtype)
+    key = (device, shape, np.dtype(dtype).str)
+    if key not in _DUMMIES:
+        _DUMMIES[key] = cuda.to_device(np.zeros(shape, dtype=dtype))
+    return _DUMMIES[key]
+
+
+def tree_row_bits(parents: np.ndarray, seqlen_q: int) -> np.ndarray:
+    """uint32 (seqlen_q, 2): bit t of row s set iff tree node t is query s's node or an ancestor.
+
+    Query s is node ``s - seqlen_q + len(parents)`` (the queries are the last nodes); a query
+    outside the tree sees no node. At most 64 nodes.
+    """
+    n = len(parents)
+    anc = np.zeros((n, n), dtype=bool)
+    for node in range(n):
+        if node:
+            anc[node] = anc[parents[node]]
+        anc[node, node] = True
+    bits = np.zeros((seqlen_q, 2), dtype=np.uint32)
+    for s in range(seqlen_q):
+        tq = s - seqlen_q + n
+        if 0 <= tq < n:
+            word = sum(1 << t for t in range(n) if anc[tq, t])
+            bits[s, 0] = word & 0xFFFFFFFF
+            bits[s, 1] = word >> 32
+    return bits
+
+
+def _tree_array(kind, device, parents, seqlen_q):
+    bits = tree_row_bits(parents, seqlen_q)
+    if kind == "numpy" or SIMULATOR:
+        return bits
+    key = (device, bits.tobytes(), seqlen_q)
+    if key not in _TREES:
+        _TREES[key] = cuda.to_device(bits)
+    return _TREES[key]
+
+
+def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scale: float,
+                causal=True, window_size=(-1, -1), sinks=0, tree_parents=None, softcap=None,
+                num_splits="auto", return_lse=False, stream=None):
+    """Split-KV decode on the GPU (arguments already validated by ``numba_flash.decode``).
+
+    q (B, Sq, Hq, D) float16/bfloat16; k_cache, v_cache (B, S_max, Hkv, D) or paged
+    (num_pages, page_size, Hkv, D) with block_table int32 (B, max_pages); cache_seqlens int32
+    (B,); all of one array kind. tree_parents: int array of a draft tree (<= 64 nodes, the
+    last keys of each sequence) or None. Returns out (B, Sq, Hq, D) in q's dtype, and lse
+    float32 (B, Hq, Sq) with ``return_lse``. Launches on ``stream`` or the current stream.
+    """
+    from . import launch
+    from .merge import OUT_BF16, OUT_F16, launch_merge
+
+    kind, dtype_name, device = launch._check_gpu_inputs(q, k_cache, v_cache)
+    if dtype_name not in ("float16", "bfloat16"):
+        raise TypeError(f"decode on the GPU takes float16 or bfloat16 q / k_cache / v_cache, got "
+                        f"{dtype_name}; use NumPy arrays (CPU mode) for float32 / float64")
+    is_bf16 = dtype_name == "bfloat16"
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    heads_kv = k_cache.shape[2]
+    paged = block_table is not None
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        ptr, _, strides, _, _ = launch._interface(x, kind)
+        if ptr % 16 or any(st % 16 for st in strides[:3]):
+            raise ValueError(f"{name} must be 16-byte aligned (pointer and the strides of its first "
+                             f"three axes) for vector loads, got strides {tuple(strides)} bytes; "
+                             f"make a contiguous copy")
+    ratio = heads_q // heads_kv
+    m_rows = ratio * seqlen_q
+    chunks = -(-m_rows // MAX_ROWS)
+    rows = -(-m_rows // chunks)
+    if paged:
+        page_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * page_size
+    else:
+        page_size = 1
+        capacity = k_cache.shape[1]
+    page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
+
+    left, right = (int(w) for w in window_size)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    has_left, has_right = left >= 0, right >= 0
+    has_sinks = has_left and int(sinks) > 0
+    has_softcap = softcap is not None and float(softcap) > 0
+    has_tree = tree_parents is not None
+
+    if num_splits == "auto":
+        keys = capacity
+        if has_left:
+            keys = min(keys, left + seqlen_q + max(right, 0) + int(sinks))
+        splits = auto_num_splits(batch * heads_kv * chunks, keys, _sm_count(device))
+    else:
+        splits = int(num_splits)
+    direct = splits == 1
+
+    out = launch._empty_like_kind(kind, q, (batch, seqlen_q, heads_q, head_dim), dtype_name)
+    lse = launch._empty_like_kind(kind, q, (batch, heads_q, seqlen_q), "float32") \
+        if return_lse else None
+    if batch * seqlen_q * heads_q == 0:
+        return (out, lse) if return_lse else out
+
+    dummy_f = _dummy(kind, device, (1, 1, 1), np.float32)
+    lse_arg = launch._kernel_array(lse, kind, False) if return_lse else dummy_f
+    if direct:
+        o_part_arg = _dummy(kind, device, (1, 1, 1, 1, 1), np.float32)
+        lse_part_arg = _dummy(kind, device, (1, 1, 1, 1), np.float32)
+    else:
+        o_part = launch._empty_like_kind(kind, q, (splits, batch, seqlen_q, heads_q, head_dim),
+                                         "float32")
+        lse_part = launch._empty_like_kind(kind, q, (splits, batch, heads_q, seqlen_q), "float32")
+        o_part_arg = launch._kernel_array(o_part, kind, False)
+        lse_part_arg = launch._kernel_array(lse_part, kind, False)
+    bt_arg = launch._kernel_array(block_table, kind, False) if paged else \
+        _dummy(kind, device, (1, 1), np.int32)
+    sl_arg = launch._kernel_array(cache_seqlens, kind, False)
+    tree_arg = _tree_array(kind, device, np.asarray(tree_parents), seqlen_q) if has_tree else \
+        _dummy(kind, device, (1, 2), np.uint32)
+    tree_len = len(tree_parents) if has_tree else 0
+    if kind == "numpy":
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        tree_arg = FakeCUDAArray(tree_arg)
+        if not paged:
+            bt_arg = FakeCUDAArray(bt_arg)
+        if direct:
+            o_part_arg, lse_part_arg = FakeCUDAArray(o_part_arg), FakeCUDAArray(lse_part_arg)
+        if not return_lse:
+            lse_arg = FakeCUDAArray(lse_arg)
+
+    scale = float(softmax_scale)
+    log2e = 1.0 / math.log(2.0)
+    cap = float(softcap) if has_softcap else 1.0
+    f32 = np.float32
+    qa, ka, va, oa = (launch._kernel_array(x, kind, True) for x in (q, k_cache, v_cache, out))
+    kern = decode_kernel(head_dim, is_bf16, rows, paged, has_left, has_right, has_sinks,
+                         has_softcap, has_tree, direct, bool(return_lse))
+    launch_stream = launch._resolve_stream(stream, kind, q)
+    ctx = cuda.gpus[device] if (device is not None and not SIMULATOR) else launch._nullcontext()
+    with ctx:
+        kern[(splits, batch, heads_kv * chunks), DECODE_WARPS * 32, launch_stream](
+            qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
+            ratio, chunks, f32(scale * log2e), f32(scale / cap), f32(cap * log2e), left, right,
+            int(sinks), tree_len, page_size, page_shift)
+        if not direct:
+            launch_merge(o_part_arg, lse_part_arg, oa, lse_arg,
+                         out_mode=OUT_BF16 if is_bf16 else OUT_F16, write_lse=bool(return_lse),
+                         stream=launch_stream)
+    if kind == "cai" and is_bf16:
+        out = launch._BFloat16Array(out)
+    return (out, lse) if return_lse else out

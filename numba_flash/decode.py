@@ -1,0 +1,269 @@
+"""``numba_flash.decode``: attention of a few new query rows over a (paged) KV cache.
+
+Semantics (the CPU path is the definition): for batch item b with ``n = cache_seqlens[b]`` valid
+keys (rows ``0..n-1`` of ``k_cache[b]``, or gathered through ``block_table[b]`` when paged), the
+output equals ``numba_flash_reference.attention(q[b:b+1], k_valid, v_valid, ...)`` with
+bottom-right alignment: the seqlen_q queries are the last seqlen_q positions of the sequence.
+
+Masks with a per-sequence length: a ``masks.tree(parents)`` mask is re-anchored at the end of
+every sequence (its nodes are the last ``len(parents)`` keys, everything before is prefix, seen
+causally; the ``prefix_length`` it was built with is ignored). Any other mask object is evaluated
+as built, with seqlen_k = n for each sequence (CPU path only), and must fit every length.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from numba_flash_reference.attention import check_softcap, check_softmax_scale
+from numba_flash_reference.masks import TreeMask, check_window_size
+
+from .arrays import describe_all
+from .validation import (SUPPORTED_DTYPES, _check_backend_value, _check_bool, _check_mask,
+                         _check_sinks, _resolve_backend)
+
+__all__ = ["decode", "decode_cpu", "gather_cache"]
+
+_Q = "(batch, seqlen_q, heads_q, head_dim)"
+_KV = "(batch, max_seqlen, heads_kv, head_dim)"
+_PAGED = "(num_pages, page_size, heads_kv, head_dim)"
+MAX_TREE_NODES_GPU = 64
+
+
+def _check_int_array(info, name, ndim, expected_shape, layout):
+    if len(info.shape) != ndim:
+        raise ValueError(f"{name} must have shape {layout}, got {info.shape}")
+    if info.dtype != np.int32:
+        raise TypeError(f"{name} must be int32, got {info.dtype}")
+    if expected_shape is not None and tuple(info.shape[:len(expected_shape)]) != expected_shape:
+        raise ValueError(f"{name} must have shape {layout} with batch {expected_shape[0]}, got "
+                         f"{info.shape}")
+
+
+def _check_num_splits(value):
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"num_splits must be 'auto' or an integer >= 1, got {value!r}")
+        return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"num_splits must be 'auto' or an integer >= 1, got "
+                        f"{type(value).__name__} {value!r}")
+    if not 1 <= int(value) <= 1024:
+        raise ValueError(f"num_splits must be in [1, 1024], got {value}")
+    return int(value)
+
+
+def _check_values(cache_seqlens, block_table, capacity, num_pages, page_size, tree_len):
+    """Host-side range checks of cache_seqlens and block_table (NumPy arrays)."""
+    lens = np.asarray(cache_seqlens)
+    bad = (lens < 0) | (lens > capacity)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise ValueError(f"cache_seqlens[{b}] = {int(lens[b])} is outside [0, {capacity}] (the "
+                         f"cache capacity)")
+    if tree_len and (lens < tree_len).any():
+        b = int(np.argmax(lens < tree_len))
+        raise ValueError(f"cache_seqlens[{b}] = {int(lens[b])} is shorter than the tree mask's "
+                         f"{tree_len} nodes (the tree sits at the end of each sequence)")
+    if block_table is not None:
+        table = np.asarray(block_table)
+        for b, n in enumerate(lens):
+            used = table[b, :-(-int(n) // page_size)]
+            wrong = (used < 0) | (used >= num_pages)
+            if wrong.any():
+                j = int(np.argmax(wrong))
+                raise ValueError(f"block_table[{b}, {j}] = {int(used[j])} is not a page index in "
+                                 f"[0, {num_pages}) (needed for cache_seqlens[{b}] = {int(n)})")
+
+
+def gather_cache(cache, b: int, n: int, block_table=None):
+    """The n valid rows of sequence b: (n, heads_kv, head_dim) from a contiguous cache
+    (B, S_max, Hkv, D), or through ``block_table`` (B, max_pages) from a paged one
+    (num_pages, page_size, Hkv, D). NumPy arrays."""
+    if block_table is None:
+        return cache[b, :n]
+    page_size = cache.shape[1]
+    pages = np.asarray(block_table)[b, :-(-n // page_size)]
+    return cache[pages].reshape(-1, *cache.shape[2:])[:n]
+
+
+def decode_cpu(q, k_cache, v_cache, cache_seqlens, block_table, *, softmax_scale, causal,
+               window_size, sinks, mask, softcap, return_lse):
+    """Decode on NumPy arrays through the float64 reference, one sequence at a time.
+
+    Shapes as ``decode``; returns out (B, Sq, Hq, D) in q's dtype (rounded once) and, with
+    return_lse, lse float32 (B, Hq, Sq).
+    """
+    from numba_flash_reference.attention import attention as reference
+    from numba_flash_reference.precision import round_to
+
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    out64 = np.zeros(q.shape)
+    lse64 = np.full((batch, heads_q, seqlen_q), -np.inf)
+    for b in range(batch):
+        n = int(cache_seqlens[b])
+        if n == 0:
+            continue
+        kb = gather_cache(k_cache, b, n, block_table)[None]
+        vb = gather_cache(v_cache, b, n, block_table)[None]
+        mb = mask
+        if isinstance(mask, TreeMask):
+            mb = TreeMask(mask.parents, prefix_length=n - len(mask.parents))
+        o, l = reference(q[b:b + 1], kb, vb, softmax_scale=softmax_scale, causal=causal,
+                         window_size=window_size, sinks=sinks, mask=mb, softcap=softcap,
+                         return_lse=True)
+        out64[b] = o[0]
+        lse64[b] = l[0]
+    out = round_to(out64, q.dtype).astype(q.dtype)
+    return (out, lse64.astype(np.float32)) if return_lse else out
+
+
+def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax_scale=None,
+           causal=True, window_size=(-1, -1), sinks=0, mask=None, softcap=None,
+           num_splits="auto", return_lse=False, backend="auto", stream=None,
+           check_indices=None):
+    """Attention of new query rows over a KV cache (FlashDecoding: split-KV, then merge).
+
+    Parameters
+    ----------
+    q : array (batch, seqlen_q, heads_q, head_dim)
+        The new queries (seqlen_q = 1 for plain decoding, up to 64 for speculative verification).
+    k_cache, v_cache : arrays (batch, max_seqlen, heads_kv, head_dim), or paged
+        (num_pages, page_size, heads_kv, head_dim) together with ``block_table``. Same dtype as
+        q: float16 / bfloat16 on the GPU; float16, bfloat16, float32, float64 on NumPy.
+    cache_seqlens : int32 array (batch,), optional
+        Valid length n of each sequence, new tokens included (the queries are its last
+        seqlen_q positions). Default: the full capacity (max_seqlen, or max_pages * page_size).
+        n = 0 gives output 0 and lse -inf.
+    block_table : int32 array (batch, max_pages), optional
+        Page indices: key j of sequence b is row ``j % page_size`` of page
+        ``block_table[b, j // page_size]``.
+    softmax_scale, causal, window_size, sinks, softcap, return_lse :
+        As in ``numba_flash.attention`` (causal defaults to True here), on absolute positions.
+    mask : mask object, optional
+        ``masks.tree(parents)`` (<= 64 nodes on the GPU) is re-anchored at the end of each
+        sequence; any other mask runs in CPU mode only and must fit every sequence length.
+    num_splits : "auto" or int >= 1
+        Key-range splits per (sequence, kv head). "auto" fills the GPU's multiprocessors (see
+        docs/decode.md); 1 skips the merge kernel. Results agree to rounding for any value.
+    backend : {"auto", "cpu", "cuda"}
+    stream : CUDA stream for GPU arrays (default: the current one).
+    check_indices : bool, optional
+        Range-check cache_seqlens and block_table on the host. Default: True for NumPy arrays,
+        False for GPU arrays (checking copies them to the host and synchronises; the kernel
+        clamps indices for memory safety but then computes garbage).
+
+    Returns
+    -------
+    out : (batch, seqlen_q, heads_q, head_dim), q's kind and dtype
+    lse : float32 (batch, heads_q, seqlen_q), natural log, with ``return_lse=True``
+    """
+    arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache)
+    if cache_seqlens is not None:
+        arrays["cache_seqlens"] = cache_seqlens
+    if block_table is not None:
+        arrays["block_table"] = block_table
+    infos = describe_all(**arrays)
+    kind = infos["q"].kind
+    backend = _check_backend_value(backend)
+    causal = _check_bool("causal", causal)
+    return_lse = _check_bool("return_lse", return_lse)
+    window_size = check_window_size(window_size)
+    sinks = _check_sinks(sinks)
+    mask = _check_mask(mask)
+    softcap = check_softcap(softcap)
+    num_splits = _check_num_splits(num_splits)
+
+    qi, ki, vi = infos["q"], infos["k_cache"], infos["v_cache"]
+    paged = block_table is not None
+    for name, info, layout in (("q", qi, _Q), ("k_cache", ki, _PAGED if paged else _KV),
+                               ("v_cache", vi, _PAGED if paged else _KV)):
+        if len(info.shape) != 4:
+            raise ValueError(f"{name} must have 4 dimensions {layout}, got shape {info.shape}")
+    if ki.shape != vi.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {ki.shape} and "
+                         f"{vi.shape}")
+    batch, seqlen_q, heads_q, head_dim = qi.shape
+    if min(qi.shape) < 1 or min(ki.shape) < 1:
+        raise ValueError(f"q and k_cache must have every dimension >= 1, got q {qi.shape} and "
+                         f"k_cache {ki.shape}")
+    if ki.shape[3] != head_dim:
+        raise ValueError(f"q and k_cache must have the same head_dim, got q.shape[3]={head_dim} "
+                         f"and k_cache.shape[3]={ki.shape[3]}")
+    heads_kv = ki.shape[2]
+    if heads_q % heads_kv:
+        raise ValueError(f"heads_q must be a multiple of heads_kv, got q.shape[2]={heads_q} and "
+                         f"k_cache.shape[2]={heads_kv}")
+    names = {n: infos[n].dtype.name for n in ("q", "k_cache", "v_cache")}
+    if len(set(names.values())) > 1:
+        raise TypeError(f"q, k_cache and v_cache must share one dtype, got "
+                        f"{', '.join(f'{n} {d}' for n, d in names.items())}")
+    if names["q"] not in SUPPORTED_DTYPES:
+        raise TypeError(f"q, k_cache and v_cache have dtype {names['q']}; expected one of "
+                        f"{', '.join(SUPPORTED_DTYPES)}")
+    if paged:
+        _check_int_array(infos["block_table"], "block_table", 2, (batch,), "(batch, max_pages)")
+        page_size = ki.shape[1]
+        capacity = infos["block_table"].shape[1] * page_size
+        num_pages = ki.shape[0]
+    else:
+        if ki.shape[0] != batch:
+            raise ValueError(f"k_cache must have shape {_KV} with batch {batch} (q.shape[0]), got "
+                             f"{ki.shape}; pass block_table for a paged cache")
+        page_size, capacity, num_pages = ki.shape[1], ki.shape[1], batch
+    if cache_seqlens is not None:
+        _check_int_array(infos["cache_seqlens"], "cache_seqlens", 1, (batch,), "(batch,)")
+    softmax_scale = check_softmax_scale(softmax_scale, head_dim)
+    chosen = _resolve_backend(backend, kind, stream)
+    tree = mask if isinstance(mask, TreeMask) else None
+    if chosen == "cuda":
+        if mask is not None and tree is None:
+            raise NotImplementedError(f"decode on the GPU supports masks.tree only, got {mask!r}; "
+                                      f"use causal / window_size / sinks, or NumPy arrays (CPU "
+                                      f"mode) for other masks")
+        if tree is not None and len(tree.parents) > MAX_TREE_NODES_GPU:
+            raise ValueError(f"mask: a tree of at most {MAX_TREE_NODES_GPU} nodes on the GPU, got "
+                             f"{len(tree.parents)}")
+
+    if cache_seqlens is None:
+        cache_seqlens = _full_lengths(kind, q, batch, capacity)
+    if check_indices is None:
+        check_indices = kind == "numpy"
+    if check_indices:
+        host = _to_host if kind != "numpy" else np.asarray
+        _check_values(host(cache_seqlens), host(block_table) if paged else None, capacity,
+                      num_pages, page_size, len(tree.parents) if tree is not None else 0)
+    options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                   sinks=sinks, softcap=softcap, return_lse=return_lse)
+    if chosen == "cpu":
+        if mask is not None and tree is None:
+            lens = np.asarray(cache_seqlens)
+            for n in sorted(set(int(x) for x in lens if x > 0)):
+                mask._check_sizes(seqlen_q, n)
+        return decode_cpu(q, k_cache, v_cache, np.asarray(cache_seqlens), block_table,
+                          mask=mask, **options)
+    from .cuda.decode import decode_cuda
+
+    return decode_cuda(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                       tree_parents=tree.parents if tree is not None else None,
+                       num_splits=num_splits, stream=stream, **options)
+
+
+def _full_lengths(kind, like, batch, capacity):
+    lens = np.full(batch, capacity, dtype=np.int32)
+    if kind == "numpy":
+        return lens
+    if type(like).__module__.split(".")[0] == "torch":
+        import torch
+
+        return torch.from_numpy(lens).to(like.device)
+    import cupy
+
+    return cupy.asarray(lens)
+
+
+def _to_host(x):
+    if type(x).__module__.split(".")[0] == "torch":
+        return x.cpu().numpy()
+    import cupy
+
+    return cupy.asnumpy(cupy.asarray(x))

@@ -1,0 +1,352 @@
+"""numba_flash.decode (split-KV decode over contiguous and paged KV caches) against the reference.
+
+Without a GPU the CUDA path runs in Numba's simulator on NumPy arrays (tiny shapes); with a GPU the
+same cases run on CuPy / PyTorch arrays, plus larger ones. Error rule (DESIGN.md): max |out -
+ref64| <= 2 x the max error of a naive same-dtype implementation + a tiny atol. Outputs start
+as NaN so an unwritten element fails.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import numba_flash
+from numba_flash import masks
+from numba_flash.cuda import launch
+from numba_flash.cuda.decode import auto_num_splits, decode_geometry, tree_row_bits
+from numba_flash.cuda.warp import SIMULATOR
+from numba_flash.decode import gather_cache
+from numba_flash_reference.attention import attention as reference
+from numba_flash_reference.masks import TreeMask, visible_matrix
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DT = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
+ATOL = {"float16": 1e-4, "bfloat16": 5e-4, "float32": 1e-6}
+gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+if not SIMULATOR:
+    cp = pytest.importorskip("cupy")
+
+
+@pytest.fixture(autouse=True)
+def _nan_poisoned_outputs(monkeypatch):
+    original = launch._empty_like_kind
+
+    def poisoned(kind, like, shape, dtype_name):
+        arr = original(kind, like, shape, dtype_name)
+        if kind == "torch":
+            arr.fill_(float("nan"))
+        elif kind == "numpy" or dtype_name != "bfloat16":
+            arr[...] = np.nan
+        return arr
+
+    monkeypatch.setattr(launch, "_empty_like_kind", poisoned)
+
+
+def _dev(x):
+    if SIMULATOR:
+        return x
+    if x.dtype == BF16:
+        import torch
+
+        return torch.from_numpy(x.view(np.uint16).astype(np.int16)).view(torch.bfloat16).cuda()
+    return cp.asarray(x)
+
+
+def _host(x):
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        if x.dtype == torch.bfloat16:
+            return x.view(torch.int16).cpu().numpy().view(BF16)
+        return x.cpu().numpy()
+    return cp.asnumpy(x)
+
+
+def _dev_int(x, like):
+    """int32 index arrays on the same kind of array as ``like``."""
+    if SIMULATOR:
+        return x
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        return torch.from_numpy(x).cuda()
+    return cp.asarray(x)
+
+
+def _naive(q, k, v, scale, vis, softcap):
+    """Dense attention of one sequence with scores, probabilities and output rounded to q.dtype."""
+    dt, work = q.dtype, np.float32
+    g = q.shape[2] // k.shape[2]
+    kk = np.repeat(k.astype(work), g, axis=2)
+    vv = np.repeat(v.astype(work), g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q.astype(work), kk) * work(scale)
+    if softcap:
+        s = work(softcap) * np.tanh(s / work(softcap))
+    s = np.where(vis, s.astype(dt).astype(work), -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0))
+    l = p.sum(axis=-1, keepdims=True)
+    p = np.divide(p, l, out=np.zeros_like(p), where=l > 0).astype(dt).astype(work)
+    return np.einsum("bhqk,bkhd->bqhd", p, vv).astype(dt).astype(np.float64)
+
+
+def make_cache(rng, dtype, b, smax, hkv, d, page_size=None):
+    """Random caches: contiguous (B, Smax, Hkv, D), or paged with a shuffled block table."""
+    if page_size is None:
+        k = rng.standard_normal((b, smax, hkv, d)).astype(DT[dtype])
+        v = rng.standard_normal((b, smax, hkv, d)).astype(DT[dtype])
+        return k, v, None
+    per = -(-smax // page_size)
+    num_pages = b * per + 3                          # spare pages nobody uses
+    table = rng.permutation(num_pages)[:b * per].reshape(b, per).astype(np.int32)
+    k = rng.standard_normal((num_pages, page_size, hkv, d)).astype(DT[dtype])
+    v = rng.standard_normal((num_pages, page_size, hkv, d)).astype(DT[dtype])
+    return k, v, table
+
+
+def check_decode(rng, dtype, b, sq, hq, hkv, d, smax, lens, *, page_size=None, causal=True,
+                 window=(-1, -1), sinks=0, softcap=None, parents=None, num_splits="auto"):
+    q = rng.standard_normal((b, sq, hq, d)).astype(DT[dtype])
+    k, v, table = make_cache(rng, dtype, b, smax, hkv, d, page_size)
+    lens = np.asarray(lens, dtype=np.int32)
+    mask = masks.tree(parents) if parents is not None else None
+    scale = d ** -0.5
+    opts = dict(causal=causal, window_size=window, sinks=sinks, softcap=softcap)
+    dq, dk, dv = _dev(q), _dev(k), _dev(v)
+    out, lse = numba_flash.decode(dq, dk, dv, cache_seqlens=_dev_int(lens, dq),
+                                  block_table=None if table is None else _dev_int(table, dq),
+                                  mask=mask, num_splits=num_splits, return_lse=True,
+                                  backend="cuda", **opts)
+    out, lse = _host(out), _host(lse)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (b, hq, sq) and lse.dtype == np.float32
+    assert not np.isnan(out.astype(np.float32)).any()
+    worst, naive_worst = 0.0, 0.0
+    for i in range(b):
+        n = int(lens[i])
+        if n == 0:
+            assert np.all(out[i] == 0) and np.all(np.isneginf(lse[i]))
+            continue
+        kb = gather_cache(k, i, n, table)[None]
+        vb = gather_cache(v, i, n, table)[None]
+        mb = TreeMask(parents, n - len(parents)) if parents is not None else None
+        ref, ref_lse = reference(q[i:i + 1], kb, vb, softmax_scale=scale, mask=mb,
+                                 return_lse=True, **opts)
+        vis = visible_matrix(sq, n, mask=mb, causal=causal, window_size=window, sinks=sinks)
+        naive = _naive(q[i:i + 1], kb, vb, scale, vis, softcap)
+        worst = max(worst, np.abs(out[i:i + 1].astype(np.float64) - ref).max())
+        naive_worst = max(naive_worst, np.abs(naive - ref).max())
+        assert np.array_equal(np.isneginf(lse[i]), np.isneginf(ref_lse[0]))
+        fin = np.isfinite(ref_lse[0])
+        assert np.allclose(lse[i][fin], ref_lse[0][fin], rtol=1e-5, atol=1e-5)
+        assert np.all(out[i][~vis.any(axis=1)] == 0)
+    assert worst <= 2 * naive_worst + ATOL[dtype], (worst, naive_worst)
+    return out, lse
+
+
+# Simulator-sized cases. (dtype, b, sq, hq, hkv, d, smax, lens, page_size, extra options)
+CASES = [
+    ("float16", 3, 1, 2, 1, 32, 40, [37, 0, 1], None, {}),                      # ragged, 0 and 1
+    ("bfloat16", 2, 1, 4, 1, 32, 45, [45, 20], 8, {}),                          # paged (pow2 pages)
+    ("float16", 2, 2, 2, 2, 32, 30, [30, 11], 6, {}),                           # paged, 6-row pages
+    ("bfloat16", 1, 1, 8, 1, 32, 50, [50], None, {"num_splits": 2}),            # GQA 8, 8 rows
+    ("float16", 2, 3, 3, 1, 64, 40, [33, 3], None, {"window": (9, -1), "sinks": 2}),
+    ("bfloat16", 1, 1, 1, 1, 32, 70, [70], 16, {"softcap": 3.0, "num_splits": 3}),
+    ("float16", 2, 5, 2, 1, 32, 24, [20, 9], 4, {"parents": [-1, 0, 0, 1, 1]}),  # draft tree
+    ("float16", 1, 4, 2, 2, 32, 20, [19], None, {"causal": False, "window": (5, 1)}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_decode_against_reference(case):
+    dtype, b, sq, hq, hkv, d, smax, lens, page, extra = case
+    check_decode(np.random.default_rng(hash(str(case)) % 2**32), dtype, b, sq, hq, hkv, d, smax,
+                 lens, page_size=page, **extra)
+
+
+def test_num_splits_agree_to_rounding():
+    rng = np.random.default_rng(7)
+    outs = []
+    for splits in (1, 2, 5):
+        r = np.random.default_rng(7)
+        out, lse = check_decode(r, "float16", 2, 1, 2, 1, 32, 70, [70, 33], num_splits=splits)
+        outs.append((out.astype(np.float64), lse))
+    for out, lse in outs[1:]:
+        assert np.abs(out - outs[0][0]).max() <= 2e-3     # a few fp16 ulps of |o| < 1
+        assert np.abs(lse - outs[0][1]).max() <= 1e-5
+    del rng
+
+
+def test_cpu_path_is_reference_per_sequence():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((3, 2, 4, 16)).astype(np.float32)
+    k, v, table = make_cache(rng, "float32", 3, 12, 2, 16, page_size=5)
+    lens = np.array([12, 0, 7], dtype=np.int32)
+    out, lse = numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                  window_size=(3, -1), sinks=1, return_lse=True)
+    assert np.all(out[1] == 0) and np.all(np.isneginf(lse[1]))
+    for i in (0, 2):
+        n = int(lens[i])
+        kb, vb = gather_cache(k, i, n, table)[None], gather_cache(v, i, n, table)[None]
+        ref, ref_lse = reference(q[i:i + 1], kb, vb, causal=True, window_size=(3, -1), sinks=1,
+                                 return_lse=True)
+        assert np.allclose(out[i], ref[0], rtol=0, atol=1e-6)
+        assert np.allclose(lse[i], ref_lse[0], atol=1e-6)
+    # the same cache laid out contiguously gives the same answer
+    kc = np.stack([gather_cache(k, i, 12, table) for i in range(3)])
+    vc = np.stack([gather_cache(v, i, 12, table) for i in range(3)])
+    out2 = numba_flash.decode(q, kc, vc, cache_seqlens=lens, window_size=(3, -1), sinks=1)
+    assert np.array_equal(out, out2)
+
+
+def test_cpu_tree_mask_sits_at_each_sequence_end():
+    rng = np.random.default_rng(4)
+    parents = [-1, 0, 1, 0]
+    q = rng.standard_normal((2, 4, 2, 8))
+    k = rng.standard_normal((2, 10, 1, 8))
+    v = rng.standard_normal((2, 10, 1, 8))
+    lens = np.array([10, 6], dtype=np.int32)
+    out = numba_flash.decode(q, k, v, cache_seqlens=lens, mask=masks.tree(parents, 99))
+    for i, n in enumerate(lens):
+        ref = reference(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], causal=True,
+                        mask=TreeMask(parents, int(n) - 4))
+        assert np.allclose(out[i], ref[0], atol=1e-12)
+    # node 2's query (row 2) must not see node 3 nor ... but sees node 1 and the root
+    vis = TreeMask(parents, 2).to_dense(4, 6)
+    assert vis[2].tolist() == [True, True, True, True, True, False]
+
+
+def test_tree_row_bits():
+    bits = tree_row_bits(np.array([-1, 0, 0, 1]), 3)
+    # query rows 0..2 are nodes 1..3: node1 -> {0,1}, node2 -> {0,2}, node3 -> {0,1,3}
+    assert bits[:, 0].tolist() == [0b11, 0b101, 0b1011]
+    assert bits[:, 1].tolist() == [0, 0, 0]
+
+
+def test_geometry_and_split_heuristic():
+    assert decode_geometry(128, 4) == (8, 16, 4)
+    assert decode_geometry(128, 8) == (16, 8, 8)
+    assert decode_geometry(128, 1) == (2, 64, 1)
+    assert decode_geometry(256, 8) == (32, 8, 8)
+    for d, r in ((32, 8), (64, 3), (256, 1)):
+        lpk, epl, u = decode_geometry(d, r)
+        assert r * epl <= 64 and lpk * epl == d and epl % 8 == 0 and u * epl >= 64
+    assert auto_num_splits(blocks=32, keys=8192, sm_count=132) == 17
+    assert auto_num_splits(blocks=1024, keys=4096, sm_count=132) == 1
+    assert auto_num_splits(blocks=1, keys=300, sm_count=132) == 1       # too few keys to split
+    assert auto_num_splits(blocks=1, keys=10**6, sm_count=132) == 128
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _small(dtype=np.float16):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 1, 2, 32)).astype(dtype)
+    k = rng.standard_normal((2, 9, 1, 32)).astype(dtype)
+    return q, k, k.copy()
+
+
+def test_cache_seqlens_beyond_capacity():
+    q, k, v = _small()
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 10 is outside \[0, 9\]"):
+        numba_flash.decode(q, k, v, cache_seqlens=np.array([3, 10], np.int32))
+    with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = -1"):
+        numba_flash.decode(q, k, v, cache_seqlens=np.array([-1, 1], np.int32))
+
+
+def test_block_table_out_of_range():
+    q, _, _ = _small()
+    k = np.ones((4, 4, 1, 32), np.float16)
+    table = np.array([[0, 1], [2, 4]], np.int32)
+    with pytest.raises(ValueError, match=r"block_table\[1, 1\] = 4 is not a page index in \[0, 4\)"):
+        numba_flash.decode(q, k, k, cache_seqlens=np.array([8, 8], np.int32), block_table=table)
+    # pages beyond the sequence's length are never read, so they may hold anything
+    numba_flash.decode(q, k, k, cache_seqlens=np.array([8, 4], np.int32), block_table=table)
+
+
+@pytest.mark.parametrize("kwargs, exc, pattern", [
+    (dict(cache_seqlens=np.array([1, 2], np.int64)), TypeError, "cache_seqlens must be int32"),
+    (dict(cache_seqlens=np.array([1], np.int32)), ValueError, r"cache_seqlens must have shape"),
+    (dict(block_table=np.zeros((2, 3), np.float32)), TypeError, "block_table must be int32"),
+    (dict(block_table=np.zeros((3, 3), np.int32)), ValueError, "block_table must have shape"),
+    (dict(num_splits=0), ValueError, "num_splits must be in"),
+    (dict(num_splits="many"), ValueError, "num_splits must be 'auto'"),
+    (dict(num_splits=2.0), TypeError, "num_splits must be 'auto'"),
+    (dict(causal=1), TypeError, "causal must be a bool"),
+])
+def test_bad_arguments(kwargs, exc, pattern):
+    q, k, v = _small()
+    with pytest.raises(exc, match=pattern):
+        numba_flash.decode(q, k, v, **kwargs)
+
+
+def test_bad_shapes_and_dtypes():
+    q, k, v = _small()
+    with pytest.raises(TypeError, match="must share one dtype"):
+        numba_flash.decode(q, k.astype(np.float32), v)
+    with pytest.raises(TypeError, match="expected one of"):
+        numba_flash.decode(q.astype(np.int16), k.astype(np.int16), v.astype(np.int16))
+    with pytest.raises(ValueError, match="heads_q must be a multiple of heads_kv"):
+        numba_flash.decode(q, np.ones((2, 9, 3, 32), np.float16), np.ones((2, 9, 3, 32), np.float16))
+    with pytest.raises(ValueError, match="with batch 2"):
+        numba_flash.decode(q, k[:1], v[:1])
+    with pytest.raises(ValueError, match="same shape"):
+        numba_flash.decode(q, k, v[:, :5])
+
+
+def test_gpu_path_refusals():
+    q, k, v = _small(np.float32)
+    if SIMULATOR:
+        with pytest.raises(TypeError, match="float16 or bfloat16"):
+            numba_flash.decode(q, k, v, backend="cuda")
+        q16, k16, v16 = _small()
+        with pytest.raises(NotImplementedError, match="masks.tree only"):
+            numba_flash.decode(q16, k16, v16, backend="cuda", mask=masks.causal())
+        with pytest.raises(ValueError, match="at most 64"):
+            numba_flash.decode(q16, k16, v16, backend="cuda",
+                               mask=masks.tree([-1] + list(range(64))))
+
+
+# ----------------------------------------------------------------------------- GPU only
+
+@gpu
+@pytest.mark.parametrize("ratio", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("page", [None, 16, 64])
+def test_gpu_gqa_ratios_paged(ratio, dtype, page):
+    rng = np.random.default_rng(ratio * 7 + (page or 0))
+    check_decode(rng, dtype, 3, 1, 2 * ratio, 2, 128, 3000, [3000, 1, 1777], page_size=page)
+
+
+@gpu
+@pytest.mark.parametrize("splits", [1, 3, 16, 64])
+def test_gpu_num_splits(splits):
+    rng = np.random.default_rng(splits)
+    check_decode(rng, "bfloat16", 2, 1, 8, 2, 128, 5000, [5000, 0], num_splits=splits)
+
+
+@gpu
+@pytest.mark.parametrize("d", [64, 96, 256])
+def test_gpu_head_dims_and_options(d):
+    rng = np.random.default_rng(d)
+    check_decode(rng, "float16", 2, 3, 8, 2, d, 900, [900, 400], page_size=16,
+                 window=(200, -1), sinks=4, softcap=20.0)
+
+
+@gpu
+def test_gpu_speculative_tree_64():
+    rng = np.random.default_rng(5)
+    parents = [-1] + [int(rng.integers(0, t)) for t in range(1, 64)]
+    check_decode(rng, "bfloat16", 2, 64, 8, 2, 128, 2000, [2000, 100], page_size=64,
+                 parents=parents)
+
+
+@gpu
+def test_gpu_check_indices():
+    q, k, v = (cp.asarray(x) for x in _small())
+    with pytest.raises(ValueError, match="outside"):
+        numba_flash.decode(q, k, v, cache_seqlens=cp.asarray(np.array([3, 10], np.int32)),
+                           check_indices=True)
