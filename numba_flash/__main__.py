@@ -6,6 +6,7 @@ Subcommands:
   under a causal-document mask, on the GPU when CuPy sees one (float16) or else in CPU mode
   (float32), checked against the float64 reference. Exit status 0 when the check passes, 1 when
   it fails, 2 for a usage or setup error.
+- ``study NAME``: a numerical-stability study (numba_flash.studies, docs/stability.md).
 """
 from __future__ import annotations
 
@@ -243,6 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="checked attention call under a causal-document mask (the default)")
     # Subcommand defaults are suppressed so options given before the subcommand survive.
     _add_demo_options(demo, suppress_defaults=True)
+    from .studies import STUDIES
+    from .studies.cli import add_arguments as _add_study_arguments, study_help
+
+    study = commands.add_parser(
+        "study", help="numerical-stability study NAME (docs/stability.md): " + ", ".join(STUDIES),
+        description="Numerical-stability studies; each writes a CSV, a PNG and a summary under "
+                    "out/studies/NAME (needs the plot extra).\n\nstudies:\n" + study_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_study_arguments(study)
     return parser
 
 
@@ -252,6 +262,10 @@ def main(argv=None) -> int:
     if args.command in (None, "demo"):
         return run_demo(backend=args.backend, dtype=args.dtype, seed=args.seed,
                         perturb=args.perturb)
+    if args.command == "study":
+        from .studies.cli import run_from_args
+
+        return run_from_args(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

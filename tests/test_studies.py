@@ -185,6 +185,11 @@ def test_cli_and_script(tmp_path, capsys):
                      "--gpu", "off"]) == 0
     printed = capsys.readouterr().out
     assert "Question:" in printed and (tmp_path / "a" / "split_kv.csv").exists()
+    from numba_flash.__main__ import main as package_main
+
+    assert package_main(["study", "tiles", "--tiny", "--out", str(tmp_path / "c"), "--no-progress",
+                         "--gpu", "off"]) == 0
+    assert (tmp_path / "c" / "tiles.csv").exists() and (tmp_path / "c" / "summary.txt").exists()
     for name in STUDIES:
         assert (ROOT / "scripts" / "studies" / f"{name}.py").exists()
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "studies" / "exp2.py"), "--tiny",

@@ -67,7 +67,7 @@ def new_figure(ncols: int = 1, *, nrows: int = 1, width: float = 5.2, height: fl
     return fig, axes
 
 
-def save_figure(fig, path: Path, *, dpi: int = 90) -> Path:
+def save_figure(fig, path: Path, *, dpi: int = 84) -> Path:
     """Save ``fig`` as a PNG at ``path`` (parents created); returns the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

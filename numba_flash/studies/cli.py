@@ -50,3 +50,7 @@ def main(argv=None, name: str | None = None) -> int:
     add_arguments(parser, with_name=name is None)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return run_from_args(args, name)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

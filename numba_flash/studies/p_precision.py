@@ -193,6 +193,7 @@ def plot(rows, cfg):
     axes[2].set_xlabel("gap g of the dominant key over the tied keys")
     axes[2].set_title(f"worst case: {cfg['seqlen_gap']} tied keys + 1 dominant", fontsize=10)
     axes[2].grid(True, alpha=0.3)
+    axes[2].set_ylim(1e-12, 1e-2)  # room for the legend below the data
     axes[2].legend(fontsize=6.5, loc="lower left")
     for ax, axis in zip(axes, ("spread", "seqlen")):
         for p in P_DTYPES:
