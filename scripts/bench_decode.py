@@ -183,6 +183,24 @@ def main():
     for row in rows:
         print(_fmt(row))
     _plot(rows, args.plot, dev)
+    _kernel_report()
+
+
+def _kernel_report():
+    """Registers, local memory (spills) and shared memory of each decode kernel compiled here."""
+    from numba_flash.cuda import decode as dec
+
+    names = ("D", "bf16", "rows", "paged", "left", "right", "sinks", "softcap", "tree", "direct",
+             "lse")
+    for config, kern in dec._KERNELS.items():
+        try:
+            regs = kern.get_regs_per_thread()
+            local = kern.get_local_mem_per_thread()
+            shared = kern.get_shared_mem_per_block()
+        except Exception as exc:  # noqa: BLE001 - API differences between numba-cuda versions
+            regs = local = shared = repr(exc)[:60]
+        desc = " ".join(f"{n}={int(c)}" for n, c in zip(names, config))
+        print(f"kernel {desc}: regs {regs} local {local} shared {shared}")
 
 
 def _header():

@@ -228,12 +228,12 @@ def test_tree_row_bits():
 
 def test_geometry_and_split_heuristic():
     assert decode_geometry(128, 4) == (8, 16, 4)
-    assert decode_geometry(128, 8) == (16, 8, 8)
+    assert decode_geometry(128, 8) == (16, 8, 4)
     assert decode_geometry(128, 1) == (2, 64, 1)
-    assert decode_geometry(256, 8) == (32, 8, 8)
+    assert decode_geometry(256, 8) == (32, 8, 4)
     for d, r in ((32, 8), (64, 3), (256, 1)):
         lpk, epl, u = decode_geometry(d, r)
-        assert r * epl <= 64 and lpk * epl == d and epl % 8 == 0 and u * epl >= 64
+        assert r * epl <= 64 and lpk * epl == d and epl % 8 == 0 and r * u <= 32 and u >= 1
     assert auto_num_splits(blocks=32, keys=8192, sm_count=132) == 17
     assert auto_num_splits(blocks=1024, keys=4096, sm_count=132) == 1
     assert auto_num_splits(blocks=1, keys=300, sm_count=132) == 1       # too few keys to split

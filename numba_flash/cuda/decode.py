@@ -124,7 +124,8 @@ def decode_geometry(head_dim: int, rows: int):
 
     ``rows`` query rows per block (<= MAX_ROWS). LPK is the fewest lanes (a power of two, at
     most 32 and at most head_dim / 8) that keep ``rows * EPL <= 64`` fp32 registers for q and as
-    many for the accumulator; U makes each lane hold 8 x 16 bytes of K (and of V) per iteration.
+    many for the accumulator; U makes each lane hold 8 x 16 bytes of K (and of V) per iteration,
+    capped so that the ``rows * U`` scores stay within 32 registers.
     """
     if head_dim % 8:
         raise ValueError(f"head_dim must be a multiple of 8 for the decode kernel, got {head_dim}")
@@ -132,7 +133,7 @@ def decode_geometry(head_dim: int, rows: int):
     while rows * (head_dim // lpk) > 64 and lpk < min(32, head_dim // 8):
         lpk *= 2
     epl = head_dim // lpk
-    unroll = max(1, 64 // epl)
+    unroll = max(1, min(64 // epl, 32 // rows))
     return lpk, epl, unroll
 
 
