@@ -40,6 +40,11 @@ attention_cuda(q, q, q, softmax_scale=0.1, causal=True); cp.cuda.runtime.deviceS
 t2 = time.perf_counter()
 attention_cuda(q, q, q, softmax_scale=0.1, causal=True); cp.cuda.runtime.deviceSynchronize()
 t3 = time.perf_counter()
+t4 = time.perf_counter()
+for _ in range(100):
+    attention_cuda(q, q, q, softmax_scale=0.1, causal=True)
+t5 = time.perf_counter(); cp.cuda.runtime.deviceSynchronize()
+print(f"host time per call (100 calls, no sync): {1e6*(t5-t4)/100:.0f} us")
 from numba_flash.cuda.launch import kernel_for
 st = kernel_for("float16", 128, False, True, False, False, False)[0].stats
 print(f"import+context {t1-t0:.2f}s first call {t2-t1:.2f}s second call {1e3*(t3-t2):.2f}ms specialisations {compiled_kernel_count()} disk-cache hits {dict(st.cache_hits)} misses {dict(st.cache_misses)}")

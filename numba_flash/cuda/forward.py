@@ -29,7 +29,7 @@ from numba import cuda
 from numba.cuda import types
 
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
-                   ldmatrix_x4_trans, mma_bf16, mma_f16, pack_bf16, pack_f16, shfl_xor)
+                   ldmatrix_x4_trans, mma16, pack16, shfl_xor)
 
 __all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "FMA_BLOCK_M",
            "mma_block_n", "fma_block_n"]
@@ -84,8 +84,9 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     CPR = D // 8         # 16-byte chunks per row
     CHUNK_ITERS = BN * CPR // MMA_THREADS
     NTHREADS = MMA_THREADS
-    mma = mma_bf16 if is_bf16 else mma_f16
-    pack = pack_bf16 if is_bf16 else pack_f16
+    # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
+    # an intrinsic object pickles differently in every process.
+    BF16 = bool(is_bf16)
     NEG_INF = -math.inf
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
@@ -216,14 +217,14 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 for jj in range(NS // 2):
                     b0, b1, b2, b3 = ldmatrix_x4(ks, jj * 16 + k_row, kk * 8 + k_col)
                     j = 2 * jj
-                    c0, c1, c2, c3 = mma(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
+                    c0, c1, c2, c3 = mma16(BF16, qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
                                          b0, b1, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
                     s[j * 4] = c0
                     s[j * 4 + 1] = c1
                     s[j * 4 + 2] = c2
                     s[j * 4 + 3] = c3
                     j = 2 * jj + 1
-                    c0, c1, c2, c3 = mma(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
+                    c0, c1, c2, c3 = mma16(BF16, qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
                                          b2, b3, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
                     s[j * 4] = c0
                     s[j * 4 + 1] = c1
@@ -307,21 +308,21 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
 
             # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits.
             for kb in range(NP):
-                a0 = pack(s[kb * 8], s[kb * 8 + 1])
-                a1 = pack(s[kb * 8 + 2], s[kb * 8 + 3])
-                a2 = pack(s[kb * 8 + 4], s[kb * 8 + 5])
-                a3 = pack(s[kb * 8 + 6], s[kb * 8 + 7])
+                a0 = pack16(BF16, s[kb * 8], s[kb * 8 + 1])
+                a1 = pack16(BF16, s[kb * 8 + 2], s[kb * 8 + 3])
+                a2 = pack16(BF16, s[kb * 8 + 4], s[kb * 8 + 5])
+                a3 = pack16(BF16, s[kb * 8 + 6], s[kb * 8 + 7])
                 for dd in range(ND // 2):
                     b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, dd * 8 + v_col)
                     dn = 2 * dd
-                    c0, c1, c2, c3 = mma(a0, a1, a2, a3, b0, b1, acc[dn * 4], acc[dn * 4 + 1],
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b0, b1, acc[dn * 4], acc[dn * 4 + 1],
                                          acc[dn * 4 + 2], acc[dn * 4 + 3])
                     acc[dn * 4] = c0
                     acc[dn * 4 + 1] = c1
                     acc[dn * 4 + 2] = c2
                     acc[dn * 4 + 3] = c3
                     dn = 2 * dd + 1
-                    c0, c1, c2, c3 = mma(a0, a1, a2, a3, b2, b3, acc[dn * 4], acc[dn * 4 + 1],
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b2, b3, acc[dn * 4], acc[dn * 4 + 1],
                                          acc[dn * 4 + 2], acc[dn * 4 + 3])
                     acc[dn * 4] = c0
                     acc[dn * 4 + 1] = c1
@@ -341,12 +342,12 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             inv1 = np.float32(1.0) / l1
         if row0 < seqlen_q:
             for dn in range(ND):
-                out[b, row0, h, dn * 4 + t] = pack(acc[dn * 4] * inv0, acc[dn * 4 + 1] * inv0)
+                out[b, row0, h, dn * 4 + t] = pack16(BF16, acc[dn * 4] * inv0, acc[dn * 4 + 1] * inv0)
             if write_lse and t == 0:
                 lse[b, h, row0] = (m0 + math.log2(l0)) * LN2 if l0 > 0 else NEG_INF
         if row1 < seqlen_q:
             for dn in range(ND):
-                out[b, row1, h, dn * 4 + t] = pack(acc[dn * 4 + 2] * inv1, acc[dn * 4 + 3] * inv1)
+                out[b, row1, h, dn * 4 + t] = pack16(BF16, acc[dn * 4 + 2] * inv1, acc[dn * 4 + 3] * inv1)
             if write_lse and t == 0:
                 lse[b, h, row1] = (m1 + math.log2(l1)) * LN2 if l1 > 0 else NEG_INF
 

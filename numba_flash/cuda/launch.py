@@ -269,7 +269,9 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         args = [_kernel_array(x, kind, half) for x in (q, k, v, out)]
         grid = ((seqlen_q + block_m - 1) // block_m, batch * heads_q)
         launch_stream = _resolve_stream(stream, kind, q)
-        ctx = cuda.gpus[device] if (device is not None and not SIMULATOR) else _nullcontext()
+        ctx = _nullcontext()
+        if device is not None and not SIMULATOR and device != cuda.get_current_device().id:
+            ctx = cuda.gpus[device]
         with ctx:
             kern[grid, threads, launch_stream](*args, lse_arg, seqlen_q, seqlen_k,
                                                heads_q // heads_kv, *scalars, left, right,

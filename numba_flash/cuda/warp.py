@@ -34,7 +34,7 @@ from numba.cuda import config
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 __all__ = ["SIMULATOR", "mma_f16", "mma_bf16", "pack_f16", "pack_bf16", "exp2", "shfl_xor",
-           "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async16", "cp_async_commit", "cp_async_wait_all"]
+           "mma16", "pack16", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async16", "cp_async_commit", "cp_async_wait_all"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -178,6 +178,20 @@ if not SIMULATOR:
 
         return op
 
+    @cuda.jit(device=True, inline=True)
+    def mma16(is_bf16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """``mma_bf16`` if ``is_bf16`` (a compile-time constant at the call site) else ``mma_f16``."""
+        if is_bf16:
+            return mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        return mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+    @cuda.jit(device=True, inline=True)
+    def pack16(is_bf16, lo, hi):
+        """``pack_bf16`` if ``is_bf16`` else ``pack_f16``."""
+        if is_bf16:
+            return pack_bf16(lo, hi)
+        return pack_f16(lo, hi)
+
     cp_async_commit = _bare_asm_intrinsic("cp.async.commit_group;")
     cp_async_wait_all = _bare_asm_intrinsic("cp.async.wait_group 0;")
 
@@ -256,6 +270,14 @@ else:
     def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """D = A @ B + C for one warp; fragments as in the module docstring (bfloat16 inputs)."""
         return _collective((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _combine_bf16)
+
+    def mma16(is_bf16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """``mma_bf16`` if ``is_bf16`` else ``mma_f16``."""
+        return (mma_bf16 if is_bf16 else mma_f16)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+    def pack16(is_bf16, lo, hi):
+        """``pack_bf16`` if ``is_bf16`` else ``pack_f16``."""
+        return (pack_bf16 if is_bf16 else pack_f16)(lo, hi)
 
     def pack_f16(lo, hi):
         """Two float32 -> uint32 holding float16(lo) in the low half, float16(hi) in the high."""
