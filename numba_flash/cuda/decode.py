@@ -453,7 +453,7 @@ def _sm_count(device) -> int:
         return 4
     key = device if device is not None else -1
     if key not in _SM_COUNTS:
-        dev = cuda.gpus[device].get_device() if device is not None else cuda.get_current_device()
+        dev = cuda.gpus[device] if device is not None else cuda.get_current_device()
         _SM_COUNTS[key] = int(dev.MULTIPROCESSOR_COUNT)
     return _SM_COUNTS[key]
 
