@@ -197,3 +197,32 @@ def test_cli_and_script(tmp_path, capsys):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "b" / "exp2.png").exists()
+
+
+class _StubGpu:
+    """Stands in for a GPU: 'kernel' output = exact attention rounded to the dtype; bf16 refused."""
+    enabled = True
+    note = "stub GPU"
+
+    def attention(self, q, k, v, dtype, **kwargs):
+        from numba_flash_reference import round_to
+
+        if dtype == "bfloat16":
+            raise TypeError("stub: no bfloat16")
+        return round_to(attention(q, k, v, **kwargs), dtype)
+
+
+@pytest.mark.parametrize("name", ["seqlen", "logit_scale", "sinks", "p_precision"])
+def test_gpu_rows_are_reported_and_plotted(name):
+    import importlib
+
+    module = importlib.import_module(f"numba_flash.studies.{name}")
+    cfg = dict(module.CONFIGS["tiny"])
+    rows, _, lines = module.compute(cfg, gpu=_StubGpu(), progress=False)
+    gpu_rows = [r for r in rows if "gpu" in str(r.get("method", r.get("order", "")))]
+    assert gpu_rows and all(r["nonfinite"] == 0 for r in gpu_rows)
+    # an exactly rounded fp16 output is as good as it gets: below 2^-10 relative error
+    fp16 = [r for r in gpu_rows if "float16" in (r.get("in_dtype"), r.get("p_dtype"), r.get("dtype"))]
+    assert fp16 and all(r["max_rel"] < 2.0 ** -10 for r in fp16)
+    assert any("GPU bf16 not measured: TypeError: stub: no bfloat16" in line for line in lines)
+    module.plot(rows, cfg)

@@ -90,7 +90,8 @@ def _why_no_gpu() -> str | None:
     try:
         from numba_flash.cuda.launch import attention_cuda  # noqa: F401
     except Exception as exc:
-        return f"numba_flash.cuda.launch.attention_cuda is unavailable ({type(exc).__name__}: {exc})"
+        return (f"numba_flash.cuda.launch.attention_cuda is unavailable "
+                f"({type(exc).__name__}: {exc})")
     return None
 
 

@@ -61,7 +61,8 @@ def new_figure(ncols: int = 1, *, nrows: int = 1, width: float = 5.2, height: fl
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("the studies draw with matplotlib: pip install 'numba-flash[plot]'") from exc
+        raise ImportError("the studies draw with matplotlib: "
+                          "pip install 'numba-flash[plot]'") from exc
     fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
     axes = [fig.add_subplot(nrows, ncols, i + 1) for i in range(nrows * ncols)]
     return fig, axes

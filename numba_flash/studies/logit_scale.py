@@ -23,7 +23,8 @@ TITLE = "Study 2: error against logit scale"
 DTYPES = ("float16", "bfloat16", "float32")
 SCENARIOS = ("centred", "shifted")
 # method -> (plot label, line style)
-METHODS = {"naive": ("naive (no max subtraction)", ":"), "safe": ("safe naive (max subtracted)", "--"),
+METHODS = {"naive": ("naive (no max subtraction)", ":"),
+           "safe": ("safe naive (max subtracted)", "--"),
            "online": ("online, same-dtype acc", "-"), "online_fp32": ("online, fp32 acc", "-."),
            "gpu": ("GPU kernel", (0, (1, 3)))}
 

@@ -169,10 +169,12 @@ def _summary(rows, cfg, gpu_failures):
                  f"{h['spread_bf16_over_floor_max']:.2f}x (bf16 P) the floor of storing the output "
                  "in that dtype.")
     lines.append(f"Tied keys, dominant key first: worst error fp16 P "
-                 f"{h['dominant-first_fp16_worst']:.3g}, bf16 P {h['dominant-first_bf16_worst']:.3g} "
+                 f"{h['dominant-first_fp16_worst']:.3g}, bf16 P "
+                 f"{h['dominant-first_bf16_worst']:.3g} "
                  f"(bf16/fp16 from {h['dominant-first_bf16_over_fp16_min']:.2f} to "
                  f"{h['dominant-first_bf16_over_fp16_max']:.2f}); dominant key last: fp16 P "
-                 f"{h['dominant-last_fp16_worst']:.3g}, bf16 P {h['dominant-last_bf16_worst']:.3g}.")
+                 f"{h['dominant-last_fp16_worst']:.3g}, bf16 P "
+                 f"{h['dominant-last_bf16_worst']:.3g}.")
     for dtype, why in gpu_failures.items():
         lines.append(f"GPU {short(dtype)} not measured: {why}")
     return lines

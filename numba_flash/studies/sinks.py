@@ -151,8 +151,9 @@ def _headline(rows, cfg):
         _, ll = _series(rows, "lse_max_abs", in_dtype, accum, "sink-last")
         h[f"{t}_lse_first_worst"] = float(lf.max())
         h[f"{t}_lse_last_worst"] = float(ll.max())
-        h[f"{t}_all_finite"] = float(all(r["nonfinite"] == 0 for r in rows
-                                         if r["in_dtype"] == in_dtype and r["accum_dtype"] == accum))
+        h[f"{t}_all_finite"] = float(all(
+            r["nonfinite"] == 0 for r in rows
+            if r["in_dtype"] == in_dtype and r["accum_dtype"] == accum))
     return h
 
 
@@ -164,7 +165,8 @@ def _summary(rows, cfg, gpu_failures):
     lines = ["Question: seed 000 says processing the sink tokens first stabilises the online "
              "softmax. Does the order of the sink tile matter for accuracy, by how much, and why?",
              f"Method: causal sliding window of {cfg['window']} keys plus {cfg['sinks']} sinks "
-             f"(StreamingLLM), {cfg['rows']} query rows at the end of a {rows and layout(cfg)['seqlen_k']}-key "
+             f"(StreamingLLM), {cfg['rows']} query rows at the end of a "
+             f"{layout(cfg)['seqlen_k']}-key "
              f"sequence, D={cfg['head_dim']}, block_m={cfg['block_m']}, block_n={cfg['block_n']}; "
              "the sink keys' scores are raised by Delta (random scores ~N(0,1) otherwise). "
              "Orders: sink-first (ascending; natural order; seed 000), sink-last (window tiles, "

@@ -1,6 +1,7 @@
 """Study 'logit_scale' of docs/stability.md.
 
-Usage: python scripts/studies/logit_scale.py [--tiny] [--out DIR] [--gpu auto|on|off] [--no-progress]
+Usage: python scripts/studies/logit_scale.py [--tiny] [--out DIR] [--gpu auto|on|off]
+       [--no-progress]
 """
 from numba_flash.studies.cli import main
 

@@ -1,6 +1,7 @@
 """Study 'p_precision' of docs/stability.md.
 
-Usage: python scripts/studies/p_precision.py [--tiny] [--out DIR] [--gpu auto|on|off] [--no-progress]
+Usage: python scripts/studies/p_precision.py [--tiny] [--out DIR] [--gpu auto|on|off]
+       [--no-progress]
 """
 from numba_flash.studies.cli import main
 
