@@ -222,7 +222,8 @@ def test_gpu_rows_are_reported_and_plotted(name):
     gpu_rows = [r for r in rows if "gpu" in str(r.get("method", r.get("order", "")))]
     assert gpu_rows and all(r["nonfinite"] == 0 for r in gpu_rows)
     # an exactly rounded fp16 output is as good as it gets: below 2^-10 relative error
-    fp16 = [r for r in gpu_rows if "float16" in (r.get("in_dtype"), r.get("p_dtype"), r.get("dtype"))]
+    fp16 = [r for r in gpu_rows
+            if "float16" in (r.get("in_dtype"), r.get("p_dtype"), r.get("dtype"))]
     assert fp16 and all(r["max_rel"] < 2.0 ** -10 for r in fp16)
     assert any("GPU bf16 not measured: TypeError: stub: no bfloat16" in line for line in lines)
     module.plot(rows, cfg)
