@@ -167,6 +167,8 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
     NT = NW * 32
     KPB = NW * KPW                 # keys per block per iteration
     KWORDS = U * CH * 4
+    RE, RU = R * EPL, R * U
+    SMW = R * EPL + 1              # shared row per lane; +1 keeps the lanes on distinct banks
     unpack = unpack_bf16 if is_bf16 else unpack_f16
     pack = pack_bf16 if is_bf16 else pack_f16
     NEG_INF = -math.inf
@@ -186,11 +188,11 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
         kg = lane >> LOG_LPK
         sub = lane & (LPK - 1)
 
-        sm_acc = cuda.shared.array((NT, R * EPL + 1), types.float32)   # +1: no bank conflicts
+        sm_acc = cuda.shared.array((NT, SMW), types.float32)
         sm_m = cuda.shared.array((NT, R), types.float32)
         sm_l = cuda.shared.array((NT, R), types.float32)
-        qf = cuda.local.array(R * EPL, types.float32)
-        acc = cuda.local.array(R * EPL, types.float32)
+        qf = cuda.local.array(RE, types.float32)
+        acc = cuda.local.array(RE, types.float32)
         mrow = cuda.local.array(R, types.float32)
         lrow = cuda.local.array(R, types.float32)
         qpos = cuda.local.array(R, types.int32)
@@ -198,7 +200,7 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
         rmask1 = cuda.local.array(R, types.uint32)
         kw = cuda.local.array(KWORDS, types.uint32)
         vw = cuda.local.array(KWORDS, types.uint32)
-        sc = cuda.local.array(R * U, types.float32)
+        sc = cuda.local.array(RU, types.float32)
 
         if paged:
             capacity = block_table.shape[1] * page_size
