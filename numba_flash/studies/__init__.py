@@ -7,7 +7,8 @@ figure and a short text summary under ``out/studies/<name>/``. Run them as
 
 The studies measure the NumPy reference's emulation of each precision (``numba_flash_reference``)
 on the CPU, and numba_flash's CUDA kernels too where a GPU is present. Drawing and progress bars
-need the ``plot`` extra (matplotlib, tqdm); nothing here is imported by ``numba_flash`` itself.
+need the ``plot`` extra (matplotlib, tqdm), imported only when a study runs; ``import
+numba_flash`` does not import this package.
 """
 from __future__ import annotations
 
