@@ -42,6 +42,37 @@ class GpuContext:
         cupy.cuda.get_current_stream().synchronize()
         return _to_host(cupy, out, dtype)
 
+    def decode(self, q, k, v, dtype: str, **kwargs) -> np.ndarray:
+        """``numba_flash.decode`` (split-KV) on the GPU in ``dtype``: q (B, Sq <= 64, Hq, D),
+        k and v (B, Sk, Hkv, D) float64 NumPy arrays; keyword arguments go to ``decode``
+        (e.g. ``num_splits``). Returns the output as float64 NumPy (B, Sq, Hq, D)."""
+        if not self.enabled:
+            raise RuntimeError(f"the GPU part is disabled: {self.note}")
+        import cupy
+
+        import numba_flash
+
+        arrays = [_to_device(cupy, np.asarray(x), dtype) for x in (q, k, v)]
+        out = numba_flash.decode(*arrays, backend="cuda", **kwargs)
+        cupy.cuda.get_current_stream().synchronize()
+        return _to_host(cupy, out, dtype)
+
+    def merge_states(self, outs, lses) -> np.ndarray:
+        """``numba_flash.merge_states`` on the GPU (float32): outs, a list of float64
+        (B, S, H, D) states; lses, a list of float64 (B, H, S). Returns the merged output as
+        float64 NumPy (B, S, H, D)."""
+        if not self.enabled:
+            raise RuntimeError(f"the GPU part is disabled: {self.note}")
+        import cupy
+
+        import numba_flash
+
+        o_parts = [cupy.asarray(np.asarray(o, dtype=np.float32)) for o in outs]
+        l_parts = [cupy.asarray(np.asarray(lse, dtype=np.float32)) for lse in lses]
+        out, _ = numba_flash.merge_states(o_parts, l_parts)
+        cupy.cuda.get_current_stream().synchronize()
+        return cupy.asnumpy(out).astype(np.float64)
+
 
 class _DeviceBFloat16:
     """A CuPy uint16 buffer presented as bfloat16 through ``__cuda_array_interface__``."""

@@ -5,6 +5,8 @@ Split-KV decoding (FlashDecoding) cuts the keys into n ranges, computes a partia
 rounded to the merge precision, so what is measured is the merge itself: stored partials plus
 merge arithmetic in fp32, fp16 or bf16, against the number of splits and the merge order
 (sequential left to right, a balanced tree, or one flat pass as a combine kernel does).
+With a GPU, numba_flash.merge_states (fp32) merges the same partial states, and
+numba_flash.decode runs end to end in fp16 with num_splits = n on the first 64 query rows.
 """
 from __future__ import annotations
 
@@ -35,9 +37,11 @@ def compute(cfg, *, gpu, progress=True):
     rng = np.random.default_rng(cfg["seed"])
     q, k, v = random_qkv(rng, cfg["rows"], cfg["seqlen"], cfg["head_dim"])
     exact = attention(q, k, v)
-    rows = []
+    rows, gpu_failures = [], {}
     for n in _progress(cfg["splits"], desc="split_kv", enabled=progress):
         outs, lses = split_attention(q, k, v, n)
+        if gpu.enabled:
+            rows += _gpu_rows(gpu, q, k, v, outs, lses, n, exact, gpu_failures)
         for dtype in DTYPES:
             floor = error_stats(round_to(exact, dtype), exact)["max_rel"]
             for order in ORDERS:
@@ -50,7 +54,30 @@ def compute(cfg, *, gpu, progress=True):
                 o = merge_mixed(outs, lses, order=order, o_dtype=dtype)
                 rows.append({"splits": n, "dtype": f"{dtype}+fp32lse", "order": order,
                              **error_stats(o, exact), "store_floor": floor})
-    return rows, _headline(rows, cfg), _summary(rows, cfg)
+    return rows, _headline(rows, cfg), _summary(rows, cfg, gpu_failures)
+
+
+def _gpu_rows(gpu, q, k, v, outs, lses, n, exact, failures):
+    """The GPU merge of the exact partial states (fp32) and an fp16 split-KV decode with
+    num_splits = n (first 64 query rows, fp16 inputs, against exact attention on them)."""
+    rows = []
+    if "merge" not in failures:
+        try:
+            o = gpu.merge_states(outs, lses)
+            rows.append({"splits": n, "dtype": "float32", "order": "gpu merge_states",
+                         **error_stats(o, exact), "store_floor": float("nan")})
+        except Exception as exc:
+            failures["merge"] = f"{type(exc).__name__}: {exc}"
+    if "decode" not in failures:
+        try:
+            q16, k16, v16 = (round_to(x, "float16") for x in (q[:, :64], k, v))
+            o = gpu.decode(q16, k16, v16, "float16", causal=False, num_splits=n)
+            rows.append({"splits": n, "dtype": "float16", "order": "gpu decode",
+                         **error_stats(o, attention(q16, k16, v16)),
+                         "store_floor": float("nan")})
+        except Exception as exc:
+            failures["decode"] = f"{type(exc).__name__}: {exc}"
+    return rows
 
 
 def merge_mixed(outs, lses, *, order: str, o_dtype: str) -> np.ndarray:
@@ -119,7 +146,7 @@ def _headline(rows, cfg):
     return h
 
 
-def _summary(rows, cfg):
+def _summary(rows, cfg, gpu_failures):
     h, n_max = _headline(rows, cfg), max(cfg["splits"])
     lines = ["Question: how does merging split-KV partial states grow the error with the number "
              "of splits, and does the merge order (tree vs sequential) matter?",
@@ -144,8 +171,16 @@ def _summary(rows, cfg):
             f"{h[f'{s}_fp32lse_{o}_slope']:.2f})" for o in MIXED_ORDERS))
     lines += ["(store floor: the error of the exact output merely rounded to the dtype; slope: "
               "fitted exponent of the max error against n, n >= 2.)",
-              "No GPU part: the CUDA backend offers no split-KV merge with a chosen number of "
-              "splits and precision to call; the emulation covers the merge arithmetic."]
+              "GPU part (when a GPU is present): numba_flash.merge_states (fp32, flat) on the "
+              "same partial states, and numba_flash.decode in fp16 with num_splits = n."]
+    for label, order in (("GPU merge_states fp32", "gpu merge_states"),
+                         ("GPU decode fp16", "gpu decode")):
+        sel = sorted((r for r in rows if r["order"] == order), key=lambda r: r["splits"])
+        if sel:
+            lines.append(f"{label}: " + ", ".join(f"n={r['splits']} {r['max_rel']:.3g}"
+                                                  for r in sel) + ".")
+    for what, why in gpu_failures.items():
+        lines.append(f"GPU {what} not measured: {why}")
     return lines
 
 
@@ -161,6 +196,10 @@ def plot(rows, cfg):
                 n, err = _series(rows, "max_rel", f"{dt}+fp32lse", order)
                 ax.loglog(n, err, "--", marker="os"[i], ms=3, color=f"C{i}", alpha=0.6,
                           label=f"{order}, lse in fp32")
+        for order, marker in (("gpu merge_states", "^"), ("gpu decode", "v")):
+            n, err = _series(rows, "max_rel", dt, order)
+            if n.size:
+                ax.loglog(n, err, "-.", marker=marker, ms=4, color="k", label=order)
         n, floor = _series(rows, "store_floor", dt, "tree")
         ax.loglog(n, floor, ":", color="0.4", label="exact output rounded to dtype")
         ax.set_xscale("log", base=2)
