@@ -44,7 +44,7 @@ def test_every_study_writes_its_files(name, tmp_path_factory):
     text = result.files["summary"].read_text()
     assert "Question:" in text and "Method:" in text
     assert f"python -m numba_flash study {name} --tiny" in text
-    assert "GPU part was switched off" in text
+    assert "GPU part was switched off" in text or "This study has no GPU part" in text
     assert result.seconds < 10
 
 

@@ -83,6 +83,8 @@ def run_study(name: str, *, size: str = "full", out_dir=None, gpu="auto",
         raise ValueError(f"gpu must be one of {GPU_CHOICES} (or a bool), got {gpu!r}")
     config = dict(module.CONFIGS[size])
     ctx = gpu_context(gpu)
+    if not getattr(module, "GPU_PART", True):  # nothing to run on a GPU: say so, never claim it
+        ctx = type(ctx)(False, "This study has no GPU part")
     start = time.perf_counter()
     rows, headline, lines = module.compute(config, gpu=ctx, progress=progress)
     seconds = time.perf_counter() - start
