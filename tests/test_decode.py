@@ -231,10 +231,12 @@ def test_geometry_and_split_heuristic():
     assert decode_geometry(128, 8) == (16, 8, 4)
     assert decode_geometry(128, 1) == (2, 64, 1)
     assert decode_geometry(256, 8) == (32, 8, 4)
-    for d, r in ((32, 8), (64, 3), (256, 1)):
+    assert decode_geometry(96, 8) == (4, 24, 2)          # 12 chunks per row: LPK divides them
+    for d, r in ((32, 8), (64, 3), (256, 1), (96, 1)):
         lpk, epl, u = decode_geometry(d, r)
-        assert r * epl <= 64 and lpk * epl == d and epl % 8 == 0 and r * u <= 32 and u >= 1
-    assert auto_num_splits(blocks=32, keys=8192, sm_count=132) == 17
+        assert lpk * epl == d and epl % 8 == 0 and r * u <= 32 and u >= 1
+        assert r * epl <= 64 or lpk == d // 8 or (d // 8) % (2 * lpk)
+    assert auto_num_splits(blocks=32, keys=8192, sm_count=132) == 9
     assert auto_num_splits(blocks=1024, keys=4096, sm_count=132) == 1
     assert auto_num_splits(blocks=1, keys=300, sm_count=132) == 1       # too few keys to split
     assert auto_num_splits(blocks=1, keys=10**6, sm_count=132) == 128

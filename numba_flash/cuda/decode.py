@@ -130,7 +130,8 @@ def decode_geometry(head_dim: int, rows: int):
     if head_dim % 8:
         raise ValueError(f"head_dim must be a multiple of 8 for the decode kernel, got {head_dim}")
     lpk = 1
-    while rows * (head_dim // lpk) > 64 and lpk < min(32, head_dim // 8):
+    chunks = head_dim // 8          # 16-byte chunks per row: LPK must divide them
+    while rows * (head_dim // lpk) > 64 and lpk < 32 and chunks % (2 * lpk) == 0:
         lpk *= 2
     epl = head_dim // lpk
     unroll = max(1, min(64 // epl, 32 // rows))
@@ -439,7 +440,7 @@ _DUMMIES: dict = {}
 _TREES: dict = {}
 _SM_COUNTS: dict = {}
 MIN_KEYS_PER_SPLIT = 256
-WAVES = 4            # "auto" aims at this many blocks per multiprocessor
+WAVES = 2            # "auto" aims at this many blocks per multiprocessor (resident at ~240 regs)
 MAX_SPLITS = 128
 
 
