@@ -64,6 +64,9 @@ def main():
     ap.add_argument("--plot", default="bench_forward.png")
     ap.add_argument("--quick", action="store_true", help="first shape only")
     ap.add_argument("--no-naive", action="store_true")
+    ap.add_argument("--shape", action="append", default=None, metavar="B,H,N,D",
+                    help="benchmark this shape instead of the default list (repeatable)")
+    ap.add_argument("--dtype", action="append", default=None, choices=DTYPES)
     args = ap.parse_args()
 
     try:
@@ -76,9 +79,11 @@ def main():
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     rows = []
     shapes = SHAPES[:1] if args.quick else SHAPES
+    if args.shape:
+        shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape]
     rng = cp.random.default_rng(0)
     for (b, h, n, d) in shapes:
-        for dtype in DTYPES:
+        for dtype in args.dtype or DTYPES:
             if torch is not None:
                 tdt = getattr(torch, dtype)
                 tq, tk, tv = (torch.randn(b, n, h, d, device="cuda", dtype=tdt) for _ in range(3))

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: prelude, kernel report (correctness, registers, SASS), GPU tests,
 # compute-sanitizer on small cases, on-disk cache timings, benchmark. Logs go to $OUT (or ./out).
-#   bash scripts/gpu_check.sh [report] [tests] [sanitizer] [cache] [bench] [bench-quick]
+#   bash scripts/gpu_check.sh [probe] [report] [host] [tests] [tests-par] [sanitizer] [cache]
+#                             [ab] [bench] [bench-quick]
+# ab: the kernel of the tree unpacked in ./out/old (git archive <commit> numba_flash) against
+# this one, same shapes, one process each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -11,6 +14,40 @@ steps=${*:-report tests sanitizer cache bench}
 for step in $steps; do
   echo "=== $step $(date +%T)"
   case $step in
+    probe)  # what CuPy offers for bfloat16; one direct launch per dtype (falls back if it fails)
+      python3 - <<'PY' 2>&1 | tee "$OUT/probe.log"
+import numpy as np, ml_dtypes, cupy as cp
+print("cupy", cp.__version__)
+try:
+    x = cp.asarray(np.arange(4, dtype=ml_dtypes.bfloat16)); print("cupy bf16 asarray:", x.dtype, x.dtype.name, x.dtype.str, cp.asnumpy(x))
+    print("bf16 astype f32:", x.astype(cp.float32)); print("bf16 arithmetic:", (x * 2).dtype)
+except Exception as e:
+    print("cupy bf16 unsupported:", repr(e)[:300])
+from numba_flash.cuda import launch
+for dt in ("float16", "float32"):
+    q = cp.random.standard_normal((1, 70, 2, 128), dtype=cp.float32).astype(dt)
+    o = launch.attention_cuda(q, q, q, softmax_scale=0.1, causal=True); cp.cuda.runtime.deviceSynchronize()
+    print("fast launch", dt, "ok:", bool(cp.isfinite(o).all()))
+PY
+      grep -q "fast launch float32 ok: True" "$OUT/probe.log" || { echo "FAST LAUNCH BROKEN: using the dispatcher"; export NUMBA_FLASH_SLOW_LAUNCH=1; } ;;
+    host)
+      python3 scripts/gpu_host_overhead.py 2>&1 | tee -a "$OUT/host.log"
+      NUMBA_FLASH_SLOW_LAUNCH=1 python3 scripts/gpu_host_overhead.py 2>&1 | tee -a "$OUT/host.log" ;;
+    tests-par)  # the GPU test file in 5 parallel shards (compiles dominate; 16 cores)
+      i=0
+      for sel in "grid and float16 and not bfloat16" "grid and bfloat16" "grid and float32" "grid and float64" "not grid"; do
+        python3 -m pytest -q tests/test_cuda_forward.py -k "$sel" -p no:cacheprovider > "$OUT/tests_$i.log" 2>&1 &
+        i=$((i+1))
+      done
+      wait
+      for f in "$OUT"/tests_*.log; do echo "$f: $(tail -1 $f)"; done | tee "$OUT/tests.log"
+      grep -h -B2 -A25 "^____\|Error\|assert" "$OUT"/tests_*.log | head -80 ;;
+    ab)
+      for tree in old new; do
+        pp=$PYTHONPATH; [ $tree = old ] && pp=$PWD/out/old:$PYTHONPATH
+        PYTHONPATH=$pp python3 -c "import numba_flash; print('$tree tree:', numba_flash.__file__)"
+        PYTHONPATH=$pp python3 scripts/bench_forward.py --no-naive --dtype float16 --shape 4,16,4096,128 --shape 2,16,4096,256 --shape 16,16,1024,64 --out "$OUT/ab_$tree.json" --plot /tmp/ab.png 2>&1 | tail -7 | tee -a "$OUT/ab.log"
+      done ;;
     report)
       mkdir -p /tmp/sass
       python3 scripts/gpu_kernel_report.py --sass-dir /tmp/sass --json "$OUT/kernel_report.json" 2>&1 | tee "$OUT/report.log"

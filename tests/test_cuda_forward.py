@@ -137,6 +137,8 @@ HALF_CASES = [
     ("bfloat16", 1, 1, 17, 2, 2, 64, True, (-1, -1), 0, 5.0),        # one query, softcap
     ("float16", 1, 20, 5, 1, 1, 96, True, (-1, -1), 0, None),        # rows that see no key
     ("bfloat16", 2, 9, 33, 3, 1, 32, False, (4, -1), 0, None),       # MQA, left window only
+    ("float16", 1, 20, 70, 1, 1, 128, True, (-1, -1), 0, None),      # Q in smem, swizzled rows
+    ("bfloat16", 1, 9, 40, 1, 1, 256, False, (20, 3), 1, None),      # 16-key tiles, Q in smem
 ]
 FULL_CASES = [
     (dt, 1, sq, sk, hq, hkv, d, causal, window, sinks, None)
@@ -272,6 +274,43 @@ def test_gpu_kinds_zero_copy_and_stream():
     ref = launch.attention_cuda(x, x, x, softmax_scale=0.1, stream=s)
     s.synchronize()
     assert bool((out == ref).all())
+
+
+@gpu
+def test_gpu_cupy_bfloat16_in_and_out():
+    """A CuPy bfloat16 array in gives a CuPy bfloat16 array out, with correct values."""
+    try:
+        cp.asarray(np.ones(4, BF16))
+    except Exception as exc:  # CuPy without bfloat16
+        pytest.skip(f"this CuPy has no bfloat16 arrays: {exc}")
+    rng = np.random.default_rng(9)
+    q, k, v = (_random(rng, s, "bfloat16") for s in ((2, 77, 4, 64), (2, 93, 2, 64), (2, 93, 2, 64)))
+    dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
+    assert dq.dtype == BF16
+    out, lse = launch.attention_cuda(dq, dk, dv, softmax_scale=0.125, causal=True, return_lse=True)
+    assert isinstance(out, cp.ndarray) and out.dtype == BF16 and out.shape == q.shape
+    host = cp.asnumpy(out.view(cp.uint16)).view(BF16).astype(np.float64)
+    ref, ref_lse = reference(q, k, v, softmax_scale=0.125, causal=True, return_lse=True)
+    naive = naive_same_dtype(q, k, v, 0.125, visible_matrix(77, 93, causal=True))
+    err, naive_err = np.abs(host - ref).max(), np.abs(naive - ref).max()
+    assert err <= 2 * naive_err + ATOL["bfloat16"], (err, naive_err)
+    assert np.abs(cp.asnumpy(lse) - ref_lse).max() <= 1e-5 * np.abs(ref_lse).max()
+
+
+@gpu
+def test_gpu_fast_launch_matches_dispatcher(monkeypatch):
+    """The direct cuda.core launch gives bitwise the result of the dispatcher launch."""
+    rng = np.random.default_rng(10)
+    for dtype_name, d in (("float16", 128), ("float16", 256), ("float32", 64)):
+        q = cp.asarray(_random(rng, (2, 4, 150, d), dtype_name)).transpose(0, 2, 1, 3)  # strided
+        k = cp.asarray(_random(rng, (2, 170, 2, d), dtype_name))
+        kw = dict(softmax_scale=0.1, window_size=(40, 7), sinks=2, return_lse=True)
+        fast = launch.attention_cuda(q, k, k, **kw)
+        monkeypatch.setattr(launch, "_FAST_LAUNCH", False)
+        slow = launch.attention_cuda(q, k, k, **kw)
+        monkeypatch.setattr(launch, "_FAST_LAUNCH", True)
+        for a, b in zip(fast, slow):
+            assert bool(cp.all(a.view(cp.uint8) == b.view(cp.uint8)))
 
 
 @gpu

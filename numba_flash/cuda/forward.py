@@ -47,14 +47,33 @@ def _jit(fn):
 
 
 def mma_block_n(head_dim: int) -> int:
-    """Keys per K/V tile of the tensor-core kernel (fits 48 KB of static shared memory).
+    """Keys per K/V tile of the tensor-core kernel.
 
-    ``NUMBA_FLASH_MMA_BLOCK_N`` (32 or 64) overrides it, for tuning experiments.
+    K, V (and the Q tile for head_dim >= 128) must fit 48 KB of static shared memory: at
+    head_dim 256 the 32 KB Q tile leaves room for 16-key K and V tiles only.
+    ``NUMBA_FLASH_MMA_BLOCK_N`` (16, 32 or 64) overrides it, for tuning experiments.
     """
     forced = os.environ.get("NUMBA_FLASH_MMA_BLOCK_N")
     if forced:
         return int(forced)
-    return 64 if head_dim <= 128 else 32
+    return 64 if head_dim <= 128 else 16
+
+
+def mma_q_in_smem(head_dim: int) -> bool:
+    """Whether the tensor-core kernel keeps Q in shared memory (else in registers).
+
+    Q fragments in registers cost head_dim / 4 registers per thread; from head_dim 128 on they
+    push the kernel past the 255-register cap (spills), so Q stays in shared memory and its A
+    fragments are re-read with ldmatrix at every k-step.
+    """
+    return head_dim >= 128
+
+
+def mma_swizzled(head_dim: int) -> bool:
+    """Whether shared-memory rows are XOR-swizzled (rows of a multiple of 8 16-byte chunks)
+    instead of padded by 16 bytes; both keep the 8 row addresses of an ldmatrix on distinct
+    banks, the swizzle without the padding's extra bytes."""
+    return (head_dim // 8) % 8 == 0
 
 
 def fma_block_n(head_dim: int, itemsize: int) -> int:
@@ -79,10 +98,19 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     BM, BN = MMA_BLOCK_M, block_n
     DW = D // 2
     KS, NS, NP, ND = D // 16, BN // 8, BN // 16, D // 8
-    QF, SF, OF = KS * 4, NS * 4, ND * 4
-    KW = DW + 4          # row stride in words: +16 bytes keeps 8 ldmatrix rows on distinct banks
+    SF, OF = NS * 4, ND * 4
+    Q_SMEM = mma_q_in_smem(D)
+    QF = 4 if Q_SMEM else KS * 4          # Q fragment registers (unused when Q is in smem)
+    SWZ = mma_swizzled(D)
+    # Row stride in words. Bank conflicts of ldmatrix (8 rows, same logical column) are avoided
+    # either by 16 bytes of padding per row, or by storing 16-byte chunk c of row r at chunk
+    # c ^ (r & 7): with word columns that are multiples of 4, that is col ^ ((r & 7) << 2).
+    KW = DW if SWZ else DW + 4
+    SWZ_MASK = 28 if SWZ else 0
     CPR = D // 8         # 16-byte chunks per row
     CHUNK_ITERS = BN * CPR // MMA_THREADS
+    Q_CHUNK_ITERS = BM * CPR // MMA_THREADS
+    QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM else (1, 4)
     NTHREADS = MMA_THREADS
     # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
     # an intrinsic object pickles differently in every process.
@@ -107,13 +135,17 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         k_col = ((lane >> 3) & 1) * 4
         v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
         v_col = (lane >> 4) * 4
+        # Every ldmatrix row this lane addresses is = lane (mod 8): one swizzle term per thread.
+        swz = SWZ_MASK & ((lane & 7) << 2)
 
         if SIMULATOR:  # the simulator rejects an alignment argument
             ks = cuda.shared.array((BN, KW), types.uint32)
             vs = cuda.shared.array((BN, KW), types.uint32)
+            qs = cuda.shared.array((QS_ROWS, QS_COLS), types.uint32)
         else:          # cp.async and ldmatrix need 16-byte aligned rows
             ks = cuda.shared.array((BN, KW), types.uint32, alignment=16)
             vs = cuda.shared.array((BN, KW), types.uint32, alignment=16)
+            qs = cuda.shared.array((QS_ROWS, QS_COLS), types.uint32, alignment=16)
         qf = cuda.local.array(QF, types.uint32)
         s = cuda.local.array(SF, types.float32)
         acc = cuda.local.array(OF, types.float32)
@@ -125,7 +157,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         qpos1 = row1 + offset
 
         zero_w = np.uint32(0)
-        for kk in range(KS):
+        for kk in range(0 if Q_SMEM else KS):
             w = kk * 8 + t
             x0 = zero_w
             x2 = zero_w
@@ -175,13 +207,23 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
 
         tile = first
         if tile <= last:
+            if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
+                for it in range(Q_CHUNK_ITERS):
+                    i = it * NTHREADS + tid
+                    r = i // CPR
+                    c = (i - r * CPR) * 4
+                    qrow = qtile * BM + r
+                    ok = qrow < seqlen_q
+                    cp_async16(qs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), q, b, qrow if ok else 0,
+                               h, c, 16 if ok else 0)
             for it in range(CHUNK_ITERS):
                 i = it * NTHREADS + tid
                 r = i // CPR
                 c = (i - r * CPR) * 4
                 key = tile * BN + r
                 ok = key < seqlen_k
-                cp_async16(ks, r, c, k, b, key if ok else 0, hk, c, 16 if ok else 0)
+                cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, b, key if ok else 0, hk, c,
+                           16 if ok else 0)
             cp_async_commit()
 
         while tile <= last:
@@ -207,25 +249,33 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 c = (i - r * CPR) * 4
                 key = k0 + r
                 ok = key < seqlen_k
-                cp_async16(vs, r, c, v, b, key if ok else 0, hk, c, 16 if ok else 0)
+                cp_async16(vs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), v, b, key if ok else 0, hk, c,
+                           16 if ok else 0)
             cp_async_commit()
 
             # S = Q K^T: NS independent 16x8 accumulators per warp.
             for i in range(SF):
                 s[i] = np.float32(0.0)
             for kk in range(KS):
+                if Q_SMEM:
+                    a0, a1, a2, a3 = ldmatrix_x4(qs, warp * 16 + v_row, (kk * 8 + v_col) ^ swz)
+                else:
+                    a0 = qf[kk * 4]
+                    a1 = qf[kk * 4 + 1]
+                    a2 = qf[kk * 4 + 2]
+                    a3 = qf[kk * 4 + 3]
                 for jj in range(NS // 2):
-                    b0, b1, b2, b3 = ldmatrix_x4(ks, jj * 16 + k_row, kk * 8 + k_col)
+                    b0, b1, b2, b3 = ldmatrix_x4(ks, jj * 16 + k_row, (kk * 8 + k_col) ^ swz)
                     j = 2 * jj
-                    c0, c1, c2, c3 = mma16(BF16, qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
-                                         b0, b1, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3,
+                                           b0, b1, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
                     s[j * 4] = c0
                     s[j * 4 + 1] = c1
                     s[j * 4 + 2] = c2
                     s[j * 4 + 3] = c3
                     j = 2 * jj + 1
-                    c0, c1, c2, c3 = mma16(BF16, qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
-                                         b2, b3, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3,
+                                           b2, b3, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
                     s[j * 4] = c0
                     s[j * 4 + 1] = c1
                     s[j * 4 + 2] = c2
@@ -303,7 +353,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                     c = (i - r * CPR) * 4
                     key = nxt * BN + r
                     ok = key < seqlen_k
-                    cp_async16(ks, r, c, k, b, key if ok else 0, hk, c, 16 if ok else 0)
+                    cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, b, key if ok else 0, hk,
+                               c, 16 if ok else 0)
                 cp_async_commit()
 
             # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits.
@@ -313,7 +364,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 a2 = pack16(BF16, s[kb * 8 + 4], s[kb * 8 + 5])
                 a3 = pack16(BF16, s[kb * 8 + 6], s[kb * 8 + 7])
                 for dd in range(ND // 2):
-                    b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, dd * 8 + v_col)
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, (dd * 8 + v_col) ^ swz)
                     dn = 2 * dd
                     c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b0, b1, acc[dn * 4], acc[dn * 4 + 1],
                                          acc[dn * 4 + 2], acc[dn * 4 + 3])

@@ -8,21 +8,40 @@ as the same kind of array, and launches on the caller's stream.
 Compiled kernels are cached twice: in-process in ``_KERNELS`` (one dispatcher per configuration,
 so a second call compiles nothing) and on disk by Numba (``cache=True``), so a new process loads
 the machine code instead of compiling it.
+
+Launch path on a GPU: the signature is built from the arrays' layouts (no argument typing), the
+kernel is compiled (or loaded) once per (configuration, layouts, device) through
+``Dispatcher.compile``, and every call packs the flattened Numba array arguments from raw
+pointers and launches through ``cuda.core`` directly: no device-array wrappers, no dispatcher
+typing, no allocation for an unused lse. ``NUMBA_FLASH_SLOW_LAUNCH=1`` restores the plain
+dispatcher launch (for comparisons).
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import os
 
 import numpy as np
 from numba import cuda
+from numba.cuda import types
 
 from . import forward
 from .warp import SIMULATOR
+
+if not SIMULATOR:  # already imported by numba.cuda's dispatcher on a real GPU
+    from cuda.core import LaunchConfig as _CoreLaunchConfig
+    from cuda.core import Stream as _CoreStream
+    from cuda.core import launch as _core_launch
 
 __all__ = ["attention_cuda", "SUPPORTED_HEAD_DIMS", "kernel_for", "compiled_kernel_count"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _KERNELS: dict = {}
+_LAUNCHERS: dict = {}     # (config key, layouts, device) -> (cuda.core kernel, scalar ctypes)
+_CORE_STREAMS: dict = {}  # raw stream handle -> cuda.core Stream (non-owning)
+_LAUNCH_CONFIGS: dict = {}
+_FAST_LAUNCH = not SIMULATOR and os.environ.get("NUMBA_FLASH_SLOW_LAUNCH", "") != "1"
 _HALF_NAMES = {"float16": False, "bfloat16": True}
 _FULL_NAMES = {"float32": False, "float64": True}
 
@@ -127,17 +146,21 @@ def _kernel_array(x, kind: str, as_words: bool):
         return FakeCUDAArray(x.view(np.uint32) if as_words else x)
     ptr, shape, strides, itemsize, _ = _interface(x, kind)
     if as_words:
-        if ptr % 4 or any(s % 4 for s in strides[:3]):
-            raise ValueError("16-bit inputs must be 4-byte aligned (pointer and strides) so that "
-                             "pairs along head_dim form 32-bit words; make a contiguous copy")
-        shape = tuple(shape[:3]) + (shape[3] // 2,)
-        strides = tuple(strides[:3]) + (4,)
+        shape, strides = _as_words(ptr, shape, strides)
         typestr = "<u4"
     else:
         typestr = np.dtype(_dtype_name(x)).str
     desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
             "data": (ptr, False), "version": 3, "stream": None}
     return cuda.from_cuda_array_interface(desc, owner=x, sync=False)
+
+
+def _as_words(ptr, shape, strides):
+    """Shape and byte strides of the uint32 view (pairs along head_dim) of a 16-bit array."""
+    if ptr % 4 or any(s % 4 for s in strides[:3]):
+        raise ValueError("16-bit inputs must be 4-byte aligned (pointer and strides) so that "
+                         "pairs along head_dim form 32-bit words; make a contiguous copy")
+    return tuple(shape[:3]) + (shape[3] // 2,), tuple(strides[:3]) + (4,)
 
 
 def _empty_like_kind(kind: str, like, shape, dtype_name: str):
@@ -153,6 +176,9 @@ def _empty_like_kind(kind: str, like, shape, dtype_name: str):
         cupy = None
     if cupy is not None and dtype_name != "bfloat16":
         return cupy.empty(shape, dtype=dtype_name)
+    if cupy is not None and kind == "cupy":
+        # A CuPy bfloat16 input (CuPy >= 14 stores ml_dtypes.bfloat16): same dtype out.
+        return cupy.empty(shape, dtype=like.dtype)
     if cupy is not None:
         return cupy.empty(shape, dtype=np.uint16)  # bf16 storage; see attention_cuda
     return cuda.device_array(shape, dtype=np.uint16 if dtype_name == "bfloat16" else dtype_name)
@@ -188,6 +214,83 @@ def _resolve_stream(stream, kind: str, like):
         except ImportError:
             handle = 0
     return cuda.external_stream(handle) if handle else cuda.default_stream()
+
+
+def _raw_stream_handle(stream, kind: str, like):
+    """The caller's stream as an int handle (0: legacy default), or a Numba stream object."""
+    if stream is not None:
+        if isinstance(stream, int):
+            return stream
+        for attr in ("ptr", "cuda_stream"):
+            handle = getattr(stream, attr, None)
+            if isinstance(handle, int):
+                return handle
+        if hasattr(stream, "__cuda_stream__"):
+            return int(stream.__cuda_stream__()[1])
+        handle = getattr(stream, "handle", None)
+        if isinstance(handle, int):
+            return handle
+        if type(stream).__module__.startswith("numba"):
+            return stream
+        raise TypeError(f"stream must be a CuPy/PyTorch/Numba stream or a raw handle, got {stream!r}")
+    if kind == "torch":
+        import torch
+
+        return torch.cuda.current_stream(like.device).cuda_stream
+    try:
+        import cupy
+    except ImportError:
+        return 0
+    return cupy.cuda.get_current_stream().ptr
+
+
+def _core_stream(handle):
+    """A cached cuda.core stream wrapping a raw handle (or a Numba stream object)."""
+    if not isinstance(handle, int):
+        from numba.cuda.cudadrv import driver
+
+        return driver._to_core_stream(handle)
+    st = _CORE_STREAMS.get(handle)
+    if st is None:
+        st = _CORE_STREAMS[handle] = _CoreStream.from_handle(handle)
+    return st
+
+
+def _flat_array(ptr, shape, strides, itemsize):
+    """(layout, parameters) of a Numba array argument: meminfo, parent, size, itemsize, data,
+    shape..., strides... (all intptr). Layout 'C' when the strides are C-contiguous (size-1
+    dimensions ignored, as Numba does), else 'A'."""
+    size, expect, contiguous = 1, itemsize, True
+    for n, st in zip(reversed(shape), reversed(strides)):
+        size *= n
+        if n != 1:
+            contiguous = contiguous and st == expect
+            expect *= n
+    return ("C" if contiguous else "A"), [0, 0, size, itemsize, ptr, *shape, *strides]
+
+
+def _launcher(key, kern, elem, fdt, layouts, device_id):
+    """Compile (or load) the kernel for these array layouts once; (cuda.core kernel, scalar
+    ctypes types) for direct launches."""
+    lkey = (key, layouts, device_id)
+    entry = _LAUNCHERS.get(lkey)
+    if entry is None:
+        arrays = [types.Array(elem, 4, lay) for lay in layouts[:4]]
+        arrays.append(types.Array(types.float32, 3, layouts[4]))
+        fty = types.float64 if fdt is np.float64 else types.float32
+        sig = types.void(*arrays, types.int64, types.int64, types.int64, fty, fty, fty,
+                         types.int64, types.int64, types.int64)
+        kobj = kern.compile(sig)
+        cfloat = ctypes.c_double if fdt is np.float64 else ctypes.c_float
+        entry = _LAUNCHERS[lkey] = (kobj._codelibrary.get_cufunc().kernel, cfloat)
+    return entry
+
+
+def _launch_config(grid, threads):
+    cfg = _LAUNCH_CONFIGS.get((grid, threads))
+    if cfg is None:
+        cfg = _LAUNCH_CONFIGS[(grid, threads)] = _CoreLaunchConfig(grid=grid, block=threads)
+    return cfg
 
 
 def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
@@ -247,7 +350,11 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
 
     out = _empty_like_kind(kind, q, (batch, seqlen_q, heads_q, head_dim), dtype_name)
     lse = _empty_like_kind(kind, q, (batch, heads_q, seqlen_q), "float32") if return_lse else None
-    if out.size if kind != "torch" else out.numel():
+    if _FAST_LAUNCH and batch * seqlen_q * heads_q > 0:
+        _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
+                     heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
+                     (left, right, int(sinks)), (has_left, has_right, has_sinks), stream)
+    elif out.size if kind != "torch" else out.numel():
         if kind == "numpy" and not return_lse:
             lse_arg = np.empty((1, 1, 1), dtype=np.float32)
         elif not return_lse:
@@ -279,6 +386,59 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     if kind == "cai" and dtype_name == "bfloat16":
         out = _BFloat16Array(out)
     return (out, lse) if return_lse else out
+
+
+def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, heads_ratio,
+                 softmax_scale, softcap, window, flags, stream):
+    """Direct launch (see the module docstring); arrays = (q, k, v, out)."""
+    half = dtype_name in _HALF_NAMES
+    params, layouts = [], []
+    for x in arrays:
+        ptr, shape, strides, itemsize, _ = _interface(x, kind)
+        if half:
+            shape, strides = _as_words(ptr, shape, strides)
+            itemsize = 4
+        lay, flat = _flat_array(ptr, tuple(shape), tuple(strides), itemsize)
+        layouts.append(lay)
+        params.extend(flat)
+    if lse is not None:
+        ptr, shape, strides, itemsize, _ = _interface(lse, kind)
+        lay, flat = _flat_array(ptr, tuple(shape), tuple(strides), itemsize)
+    else:  # never read: write_lse is a compile-time False
+        lay, flat = "C", [0, 0, 1, 4, 0, 1, 1, 1, 4, 4, 4]
+    layouts.append(lay)
+    params.extend(flat)
+
+    has_left, has_right, has_sinks = flags
+    key = (dtype_name, arrays[0].shape[3], has_left, has_right, has_sinks, softcap is not None,
+           lse is not None)
+    kern, block_m, threads = kernel_for(*key)
+    if half:
+        elem, fdt = types.uint32, np.float32
+    else:
+        fdt = np.float64 if _FULL_NAMES[dtype_name] else np.float32
+        elem = types.float64 if fdt is np.float64 else types.float32
+    current = cuda.get_current_device().id
+    dev = current if device is None else device
+    ctx = cuda.gpus[device] if dev != current else _nullcontext()
+    with ctx:
+        core_kernel, cfloat = _launcher(key, kern, elem, fdt, tuple(layouts), dev)
+    scale = float(softmax_scale)
+    cap = float(softcap) if softcap is not None else 1.0
+    if half:
+        log2e = 1.0 / math.log(2.0)
+        scalars = (scale * log2e, scale / cap, cap * log2e)
+    else:
+        scalars = (scale, scale / cap, cap)
+    c64 = ctypes.c_int64
+    params.extend((c64(seqlen_q), c64(seqlen_k), c64(heads_ratio)))
+    params.extend(cfloat(x) for x in scalars)
+    params.extend(c64(w) for w in window)
+    batch_heads = arrays[0].shape[0] * arrays[0].shape[2]
+    grid = ((seqlen_q + block_m - 1) // block_m, batch_heads)
+    with ctx:
+        _core_launch(_core_stream(_raw_stream_handle(stream, kind, arrays[0])),
+                    _launch_config(grid, threads), core_kernel, *params)
 
 
 class _nullcontext:
