@@ -8,7 +8,7 @@ and bfloat16; contiguous caches and paged ones (page sizes 16 and 64, shuffled b
     python scripts/bench_decode.py --out bench_decode.json --plot bench_decode.png [--quick]
         [--sweep]   # also time num_splits = 1, 2, 4, ..., 128 on the contiguous float16 cases
 
-Timing: each measurement enqueues a ~20 ms spin kernel first (torch.cuda._sleep), then REPS calls
+Timing: each measurement enqueues a ~0.2 s spin kernel first (torch.cuda._sleep), then REPS calls
 back to back between two CUDA events, so the GPU never waits for Python and the time is the
 GPU's (median of 5 such rounds, divided by REPS). The per-call host overhead of each library is
 reported separately ("call us": one call between events, GPU idle before it).
@@ -33,7 +33,7 @@ SHAPES = [(8, 32, 8, 32768, 128), (1, 32, 8, 131072, 128), (64, 32, 8, 4096, 128
 DTYPES = ["float16", "bfloat16"]
 LAYOUTS = [None, 16, 64]           # contiguous, then page sizes
 REPS = 30
-SPIN_CYCLES = 40_000_000
+SPIN_CYCLES = 400_000_000   # ~0.2 s: longer than 30 calls take to enqueue
 
 
 def gpu_time_ms(fn, reps=REPS, rounds=5):
