@@ -27,7 +27,9 @@ def _load_attention_cuda():
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
-              mask=None, softcap=None, return_lse=False, backend="auto", stream=None):
+              mask=None, softcap=None, alibi_slopes=None, return_lse=False, backend="auto",
+              stream=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+              max_seqlen_k=None):
     """Exact scaled dot-product attention (FlashAttention), on the GPU or on the CPU.
 
     Parameters
@@ -57,8 +59,19 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         It is intersected with ``causal`` / ``window_size``.
     softcap : float > 0, optional
         Scores become ``softcap * tanh(score / softcap)`` before masking (Gemma-2, Grok).
+    alibi_slopes : float32 array (heads_q,) or (batch, heads_q), optional
+        ALiBi: ``-slope * |i - j|`` (aligned positions) is added to every score after the
+        softcap (flash-attn's convention). Same kind of array as q.
     return_lse : bool
         Also return the log-sum-exp of each query row.
+    cu_seqlens_q, cu_seqlens_k : int32 arrays (batch + 1,), optional
+        Packed variable-length batch (flash-attn's varlen layout): q is then (total_q, heads_q,
+        head_dim) and k, v (total_k, heads_kv, head_dim); sequence s owns rows
+        ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` of q and ``cu_seqlens_k[s]:cu_seqlens_k[s+1]`` of
+        k and v, and is its own problem (bottom-right alignment, masks apply per sequence).
+        out is (total_q, heads_q, head_dim), lse (heads_q, total_q). Same kind of array as q.
+    max_seqlen_q, max_seqlen_k : int, optional
+        Longest sequences of a packed batch; required with GPU cu_seqlens (not read back).
     backend : {"auto", "cpu", "cuda"}
         "auto" runs NumPy inputs in CPU mode and GPU arrays on the GPU. "cuda" with NumPy arrays
         is allowed only under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``).
@@ -92,13 +105,24 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     """
     problem = validate(q, k, v, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, sinks=sinks, mask=mask, softcap=softcap,
-                       return_lse=return_lse, backend=backend, stream=stream)
+                       return_lse=return_lse, backend=backend, stream=stream,
+                       alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
+                       cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                       max_seqlen_k=max_seqlen_k)
     options = dict(softmax_scale=problem.softmax_scale, causal=problem.causal,
                    window_size=problem.window_size, sinks=problem.sinks, mask=problem.mask,
                    softcap=problem.softcap, return_lse=problem.return_lse)
+    if problem.alibi_slopes is not None:
+        options["alibi_slopes"] = problem.alibi_slopes
     if problem.backend == "cpu":
+        if problem.varlen is not None:
+            from .varlen import attention_varlen_cpu
+
+            return attention_varlen_cpu(q, k, v, problem.varlen, **options)
         from .cpu import attention_cpu
 
         return attention_cpu(q, k, v, **options)
+    if problem.varlen is not None:
+        options["varlen"] = problem.varlen
     attention_cuda = _load_attention_cuda()
     return attention_cuda(q, k, v, stream=stream, **options)

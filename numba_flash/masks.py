@@ -29,7 +29,7 @@ from numba_flash_reference.masks import Mask
 __all__ = ["Mask", "ColumnIntervals", "NotRepresentableError", "intervals_from_dense", "causal",
            "sliding_window", "causal_document", "document", "shared_question",
            "global_sliding_window", "causal_blockwise", "prefix_lm_causal", "prefix_lm_document",
-           "qk_sparse", "random_eviction", "tree", "from_dense", "column_intervals"]
+           "qk_sparse", "random_eviction", "tree", "from_dense", "column_intervals", "mask_mod"]
 
 
 def causal() -> Mask:
@@ -215,3 +215,28 @@ def column_intervals(lts, lte, uts, ute, seqlen_q=None) -> Mask:
     [[1, 0], [1, 1]]
     """
     return _ref.ColumnIntervalMask(lts, lte, uts, ute, seqlen_q)
+
+
+def mask_mod(fn, batch_head: bool = False) -> Mask:
+    """A mask written as a plain Python function (FlexAttention's ``mask_mod``, for CuPy users).
+
+    fn : ``fn(b, h, q_idx, kv_idx) -> bool``, True = visible. ``b`` is the batch index, ``h`` the
+        query head, ``q_idx`` the query's aligned position (its row index when seqlen_q ==
+        seqlen_k; see "Positions" in docs/masks.md), ``kv_idx`` the key index. On the GPU, Numba
+        compiles ``fn`` into the tile classification and the attention kernel, so its body must
+        be Numba-compilable: integer arithmetic, comparisons, ``&`` / ``|`` / ``and`` / ``or``,
+        and reads of captured NumPy arrays (document ids...; they become device constants, so
+        keep them small, e.g. int32 of length seqlen_k). The CPU reference evaluates the same
+        function in NumPy (vectorised when the body allows it, else pair by pair).
+    batch_head : bool
+        False (default): ``fn`` does not depend on b and h (called with 0, 0), one tile table
+        serves every (batch, head). True: evaluated per (b, h) (tables cost batch * heads times
+        more to build).
+
+    >>> import numpy as np
+    >>> doc = np.array([0, 0, 1, 1, 1])
+    >>> m = mask_mod(lambda b, h, q, kv: (doc[q] == doc[kv]) & (kv <= q))
+    >>> m.to_dense(5, 5).astype(int).tolist()
+    [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
+    """
+    return _ref.MaskModMask(fn, batch_head)

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from numba_flash_reference.attention import check_softcap, check_softmax_scale
+from numba_flash_reference.attention import check_alibi_slopes, check_softcap, check_softmax_scale
 from numba_flash_reference.masks import Mask, check_window_size, mask_from_flags
 
-from .arrays import describe_all
+from .arrays import describe, describe_all
 
 __all__ = ["Problem", "validate", "SUPPORTED_DTYPES", "BACKENDS", "cuda_simulator_enabled"]
 
@@ -51,6 +51,8 @@ class Problem:
     softcap: float | None
     return_lse: bool
     infos: dict
+    alibi_slopes: object = None   # None, or the caller's (heads_q,) / (batch, heads_q) array
+    varlen: object = None         # None, or a numba_flash.varlen.Varlen
 
 
 def cuda_simulator_enabled() -> bool:
@@ -175,15 +177,59 @@ def _check_gpu_strides(infos: dict) -> None:
                              f"{info.strides}")
 
 
+def _packed_as_batch(infos: dict) -> dict:
+    """Varlen q (total_q, Hq, D) and k, v (total_k, Hkv, D) seen as batch-1 4-D arrays, so that
+    the shape checks apply unchanged."""
+    out = {}
+    for name, info in infos.items():
+        if len(info.shape) != 3:
+            axes = "(total_q, heads_q, head_dim)" if name == "q" else "(total_k, heads_kv, head_dim)"
+            raise ValueError(f"with cu_seqlens, {name} must have 3 dimensions {axes}, got shape "
+                             f"{info.shape}")
+        out[name] = replace(info, shape=(1,) + info.shape, strides=(0,) + info.strides)
+    return out
+
+
+def _check_alibi(alibi_slopes, kind: str, batch: int, heads_q: int):
+    if alibi_slopes is None:
+        return None
+    info = describe(alibi_slopes, "alibi_slopes")
+    if info.kind != kind:
+        raise TypeError(f"alibi_slopes must live where q does, got {info.type_name}")
+    if info.dtype != np.float32:
+        raise TypeError(f"alibi_slopes must be float32 (flash-attn's convention), got {info.dtype}")
+    if info.shape not in ((heads_q,), (batch, heads_q)):
+        raise ValueError(f"alibi_slopes must have shape (heads_q,) = ({heads_q},) or (batch, "
+                         f"heads_q) = ({batch}, {heads_q}), got {info.shape}")
+    if kind == "numpy":
+        check_alibi_slopes(alibi_slopes, batch, heads_q)
+    return alibi_slopes
+
+
 def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
-             mask=None, softcap=None, return_lse=False, backend="auto", stream=None) -> Problem:
+             mask=None, softcap=None, return_lse=False, backend="auto", stream=None,
+             alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+             max_seqlen_k=None) -> Problem:
     """Check every argument of ``numba_flash.attention`` and return the normalised Problem.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
     dtype among float16, bfloat16, float32, float64; all NumPy arrays or all GPU arrays.
-    Raises TypeError / ValueError naming the offending argument.
+    With cu_seqlens_q / cu_seqlens_k (varlen): q (total_q, heads_q, head_dim), k, v (total_k,
+    heads_kv, head_dim); then batch is the number of sequences and seqlen_q / seqlen_k are
+    max_seqlen_q / max_seqlen_k. Raises TypeError / ValueError naming the offending argument.
     """
     infos = describe_all(q=q, k=k, v=v)
+    varlen = None
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        from .varlen import check_varlen
+
+        packed = _packed_as_batch(infos)
+        varlen = check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              infos["q"].shape[0], infos["k"].shape[0], infos["q"].kind)
+        infos = packed
+    elif max_seqlen_q is not None or max_seqlen_k is not None:
+        raise ValueError("max_seqlen_q / max_seqlen_k apply to packed batches only; pass "
+                         "cu_seqlens_q and cu_seqlens_k too, or leave them None")
     kind = infos["q"].kind
     backend = _check_backend_value(backend)
     causal = _check_bool("causal", causal)
@@ -199,7 +245,11 @@ def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1),
     if kind == "cuda":
         _check_gpu_strides(infos)
     combined = mask_from_flags(causal, window_size, sinks, mask)
-    if combined is not None:
+    if varlen is not None:
+        batch, seqlen_q, seqlen_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
+    elif combined is not None:
         combined._check_sizes(seqlen_q, seqlen_k)
+    alibi_slopes = _check_alibi(alibi_slopes, kind, batch, heads_q)
     return Problem(kind, chosen, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype,
-                   softmax_scale, causal, window_size, sinks, mask, softcap, return_lse, infos)
+                   softmax_scale, causal, window_size, sinks, mask, softcap, return_lse, infos,
+                   alibi_slopes, varlen)

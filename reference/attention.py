@@ -19,7 +19,8 @@ import numpy as np
 from . import masks as _masks
 
 __all__ = ["attention", "check_shapes", "check_input_dtype", "check_softmax_scale", "check_softcap",
-           "check_problem", "Problem", "visible_block", "as_float_arrays"]
+           "check_problem", "check_alibi_slopes", "Problem", "visible_block", "visible_bh",
+           "as_float_arrays"]
 
 # Score elements (batch * heads_q * rows * keys) per query-row chunk: 2**21 float64 = 16 MiB, so a
 # chunk's temporaries stay small (16 MiB each) unless one row of scores is larger.
@@ -37,6 +38,7 @@ class Problem(NamedTuple):
     softmax_scale: float
     softcap: float | None
     mask: _masks.Mask | None  # None: every pair visible
+    alibi_slopes: np.ndarray | None = None  # float64 (batch, heads_q), or None
 
     @property
     def group(self) -> int:
@@ -122,8 +124,30 @@ def check_softcap(softcap) -> float | None:
     return value
 
 
+def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int) -> np.ndarray | None:
+    """ALiBi slopes as float64 (batch, heads_q): None stays None; (heads_q,) is shared by the
+    batch; (batch, heads_q) is per sequence (flash-attn's shapes). Finite reals only."""
+    if alibi_slopes is None:
+        return None
+    try:
+        arr = np.asarray(alibi_slopes)
+    except Exception:
+        raise TypeError(f"alibi_slopes must be an array of floats, got "
+                        f"{type(alibi_slopes).__name__}") from None
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"alibi_slopes must hold real numbers, got dtype {arr.dtype}")
+    if arr.shape not in ((heads_q,), (batch, heads_q)):
+        raise ValueError(f"alibi_slopes must have shape (heads_q,) = ({heads_q},) or (batch, "
+                         f"heads_q) = ({batch}, {heads_q}), got {arr.shape}")
+    arr = np.broadcast_to(arr.astype(np.float64), (batch, heads_q))
+    if not np.isfinite(arr).all():
+        raise ValueError("alibi_slopes must be finite")
+    return arr
+
+
 def check_problem(q_shape, k_shape, v_shape, *, softmax_scale=None, causal=False,
-                  window_size=(-1, -1), sinks=0, mask=None, softcap=None) -> Problem:
+                  window_size=(-1, -1), sinks=0, mask=None, softcap=None,
+                  alibi_slopes=None) -> Problem:
     """Run every argument check of ``attention`` on shapes and scalars; return a ``Problem``.
 
     The mask fields are combined with ``masks.mask_from_flags`` and checked against the sequence
@@ -135,7 +159,8 @@ def check_problem(q_shape, k_shape, v_shape, *, softmax_scale=None, causal=False
     combined = _masks.mask_from_flags(causal, window_size, sinks, mask)
     if combined is not None:
         combined._check_sizes(sq, sk)
-    return Problem(b, sq, sk, hq, hkv, d, scale, cap, combined)
+    slopes = check_alibi_slopes(alibi_slopes, b, hq)
+    return Problem(b, sq, sk, hq, hkv, d, scale, cap, combined, slopes)
 
 
 def visible_block(mask: _masks.Mask | None, seqlen_q: int, seqlen_k: int, rows, cols) -> np.ndarray:
@@ -154,6 +179,22 @@ def visible_block(mask: _masks.Mask | None, seqlen_q: int, seqlen_k: int, rows, 
     qpos = rows + (seqlen_k - seqlen_q)
     return np.ascontiguousarray(np.broadcast_to(mask._visible(qpos, cols, seqlen_k), shape),
                                 dtype=bool)
+
+
+def visible_bh(mask: _masks.Mask, batch: int, heads_q: int, heads_kv: int, seqlen_q: int,
+               seqlen_k: int, rows, cols) -> np.ndarray:
+    """Visibility of a (b, h)-dependent mask: bool (batch, heads_kv, group, *block), query head
+    h = kv head * group + index, for the row / column index arrays ``rows`` and ``cols``."""
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    block = np.broadcast_shapes(rows.shape, cols.shape)
+    g = heads_q // heads_kv
+    out = np.empty((batch, heads_kv, g) + block, dtype=bool)
+    qpos = rows + (seqlen_k - seqlen_q)
+    for bi in range(batch):
+        for h in range(heads_q):
+            out[bi, h // g, h % g] = mask._visible_bh(bi, h, qpos, cols, seqlen_k)
+    return out
 
 
 def as_float_arrays(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -192,8 +233,16 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
         s *= problem.softmax_scale
         if problem.softcap is not None:
             s = problem.softcap * np.tanh(s / problem.softcap)
-        visible = visible_block(problem.mask, sq, problem.seqlen_k, np.arange(r0, r1)[:, None], cols)
-        s[..., ~visible] = -np.inf
+        rows_ = np.arange(r0, r1)[:, None]
+        if problem.alibi_slopes is not None:  # -slope * |i - j| on aligned positions
+            dist = np.abs(rows_ + (problem.seqlen_k - sq) - cols).astype(np.float64)
+            slopes = problem.alibi_slopes.reshape(b, hkv, g, 1, 1)
+            s -= slopes * dist
+        if problem.mask is not None and problem.mask.depends_on_batch_head:
+            s[~visible_bh(problem.mask, b, hq, hkv, sq, problem.seqlen_k, rows_, cols)] = -np.inf
+        else:
+            visible = visible_block(problem.mask, sq, problem.seqlen_k, rows_, cols)
+            s[..., ~visible] = -np.inf
         m = s.max(axis=-1, keepdims=True)
         # Rows with no visible key have m = -inf; shifting by 0 keeps exp(-inf - 0) = 0, not NaN.
         m = np.where(np.isneginf(m), 0.0, m)
@@ -210,7 +259,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
-              mask=None, softcap=None, return_lse=False):
+              mask=None, softcap=None, alibi_slopes=None, return_lse=False):
     """Exact attention, computed in float64.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); any real
@@ -218,7 +267,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     heads_q must be a multiple of heads_kv; query head h reads kv head h // (heads_q // heads_kv).
 
     softmax_scale: score scale, default 1/sqrt(head_dim). softcap: None/0.0 (off) or > 0, giving
-    ``softcap * tanh(s / softcap)``. causal, window_size=(left, right) (-1 = unbounded), sinks and
+    ``softcap * tanh(s / softcap)``. alibi_slopes: None, or float (heads_q,) or (batch, heads_q):
+    ``-slope * |i - j|`` (aligned positions) is added after the softcap. causal, window_size=(left, right) (-1 = unbounded), sinks and
     mask (a ``masks.Mask``) select the visible pairs, with bottom-right alignment when
     seqlen_q != seqlen_k (query row r sits at position r + seqlen_k - seqlen_q).
 
@@ -230,6 +280,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     """
     q, k, v = as_float_arrays(q, k, v)
     problem = check_problem(q.shape, k.shape, v.shape, softmax_scale=softmax_scale, causal=causal,
-                            window_size=window_size, sinks=sinks, mask=mask, softcap=softcap)
+                            window_size=window_size, sinks=sinks, mask=mask, softcap=softcap,
+                            alibi_slopes=alibi_slopes)
     out, lse = _attend(q, k, v, problem, 0, problem.seqlen_k)
     return (out, lse) if return_lse else out

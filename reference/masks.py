@@ -32,7 +32,7 @@ from .intervals import (ColumnIntervals, NotRepresentableError, intervals_from_d
 __all__ = ["Mask", "IntersectionMask", "CausalMask", "SlidingWindowMask", "CausalDocumentMask",
            "DocumentMask", "SharedQuestionMask", "GlobalSlidingWindowMask", "CausalBlockwiseMask",
            "PrefixLMCausalMask", "PrefixLMDocumentMask", "QKSparseMask", "RandomEvictionMask",
-           "TreeMask", "DenseMask", "ColumnIntervalMask", "NotRepresentableError",
+           "TreeMask", "DenseMask", "ColumnIntervalMask", "MaskModMask", "NotRepresentableError",
            "visible_matrix", "mask_from_flags", "check_seqlens", "check_window_size",
            "pack_bitmask", "unpack_bitmask"]
 
@@ -163,8 +163,16 @@ class Mask:
     column) when they have a column-interval form.
     """
 
+    #: True when visibility depends on the batch index and query head (a user ``mask_mod``).
+    depends_on_batch_head = False
+
     def _visible(self, qpos: np.ndarray, kpos: np.ndarray, seqlen_k: int) -> np.ndarray:
         raise NotImplementedError
+
+    def _visible_bh(self, b: int, h: int, qpos: np.ndarray, kpos: np.ndarray,
+                    seqlen_k: int) -> np.ndarray:
+        """``_visible`` for batch ``b`` and query head ``h``; most masks ignore both."""
+        return self._visible(qpos, kpos, seqlen_k)
 
     def _check_sizes(self, seqlen_q: int, seqlen_k: int) -> None:
         """Raise ValueError when the mask's parameters do not fit these sequence lengths."""
@@ -188,6 +196,16 @@ class Mask:
         self._check_sizes(seqlen_q, seqlen_k)
         qpos, kpos = aligned_positions(seqlen_q, seqlen_k)
         dense = np.broadcast_to(self._visible(qpos, kpos, seqlen_k), (seqlen_q, seqlen_k))
+        return np.ascontiguousarray(dense, dtype=bool)
+
+    def to_dense_bh(self, b: int, h: int, seqlen_q: int, seqlen_k: int) -> np.ndarray:
+        """Dense visibility for batch ``b`` and query head ``h``: bool (seqlen_q, seqlen_k).
+        Equal to ``to_dense`` unless ``depends_on_batch_head``."""
+        seqlen_q, seqlen_k = check_seqlens(seqlen_q, seqlen_k)
+        self._check_sizes(seqlen_q, seqlen_k)
+        qpos, kpos = aligned_positions(seqlen_q, seqlen_k)
+        dense = np.broadcast_to(self._visible_bh(int(b), int(h), qpos, kpos, seqlen_k),
+                                (seqlen_q, seqlen_k))
         return np.ascontiguousarray(dense, dtype=bool)
 
     def column_intervals(self, seqlen_q: int, seqlen_k: int) -> ColumnIntervals:
@@ -232,6 +250,16 @@ class IntersectionMask(Mask):
         out = self.parts[0]._visible(qpos, kpos, seqlen_k)
         for part in self.parts[1:]:
             out = out & part._visible(qpos, kpos, seqlen_k)
+        return out
+
+    @property
+    def depends_on_batch_head(self):
+        return any(p.depends_on_batch_head for p in self.parts)
+
+    def _visible_bh(self, b, h, qpos, kpos, seqlen_k):
+        out = self.parts[0]._visible_bh(b, h, qpos, kpos, seqlen_k)
+        for part in self.parts[1:]:
+            out = out & part._visible_bh(b, h, qpos, kpos, seqlen_k)
         return out
 
     def _column_intervals(self, seqlen_q, seqlen_k):
@@ -842,6 +870,58 @@ class ColumnIntervalMask(Mask):
 
     def __repr__(self):
         return f"column_intervals(<{self.intervals.seqlen_q}x{self.intervals.seqlen_k}>)"
+
+
+class MaskModMask(Mask):
+    """A mask given as a plain Python predicate ``fn(b, h, q_idx, kv_idx) -> bool`` (FlexAttention's
+    ``mask_mod``): True = visible.
+
+    ``q_idx`` is the query's aligned position (row + seqlen_k - seqlen_q: the row index when
+    seqlen_q == seqlen_k, negative for the extra rows when seqlen_q > seqlen_k), ``kv_idx`` the
+    key index, ``b`` the batch index and ``h`` the query head. The reference calls ``fn`` once on
+    broadcast int64 arrays when it can (a body of comparisons, ``&``, ``|`` and array indexing
+    vectorises), else once per pair with Python ints; the GPU compiles the same function with
+    Numba. With ``batch_head=False`` the mask is the same for every (b, h) (``fn`` is called with
+    b = h = 0), so it has a dense form and its tile table is computed once.
+    """
+
+    def __init__(self, fn, batch_head: bool = False):
+        if not callable(fn):
+            raise TypeError(f"mask_mod: fn must be a callable fn(b, h, q_idx, kv_idx) -> bool, got "
+                            f"{type(fn).__name__} {fn!r}")
+        if not isinstance(batch_head, (bool, np.bool_)):
+            raise TypeError(f"mask_mod: batch_head must be a bool, got {batch_head!r}")
+        self.fn = fn
+        self.batch_head = bool(batch_head)
+
+    @property
+    def depends_on_batch_head(self):
+        return self.batch_head
+
+    def _visible(self, qpos, kpos, seqlen_k):
+        if self.batch_head:
+            raise ValueError(f"{self!r} depends on (b, h): use to_dense_bh(b, h, seqlen_q, "
+                             f"seqlen_k), or build it with batch_head=False")
+        return self._visible_bh(0, 0, qpos, kpos, seqlen_k)
+
+    def _visible_bh(self, b, h, qpos, kpos, seqlen_k):
+        shape = np.broadcast_shapes(np.shape(qpos), np.shape(kpos))
+        try:
+            with np.errstate(all="ignore"):
+                got = np.asarray(self.fn(b, h, qpos, kpos))
+            if got.dtype.kind in "bui" and np.broadcast_shapes(got.shape, shape) == shape:
+                return np.broadcast_to(got != 0, shape)
+        except Exception:  # not vectorisable: evaluate pair by pair below
+            pass
+        qb, kb = np.broadcast_arrays(qpos, kpos)
+        out = np.empty(shape, dtype=bool)
+        for idx in np.ndindex(*shape):
+            out[idx] = bool(self.fn(b, h, int(qb[idx]), int(kb[idx])))
+        return out
+
+    def __repr__(self):
+        name = getattr(self.fn, "__name__", type(self.fn).__name__)
+        return f"mask_mod({name}, batch_head={self.batch_head})"
 
 
 # ----------------------------------------------------------------------------- flags

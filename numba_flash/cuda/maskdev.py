@@ -1,0 +1,45 @@
+"""Device functions the attention kernels use to apply a mask object (see docs/masks.md).
+
+Mask kinds (a compile-time constant of each kernel): ``NONE`` (flags only), ``INTERVALS``
+(FlashMask column intervals: per-tile class from the min/max vectors, per-element test from the
+int32 (4, seqlen_k) vectors), ``BITMASK`` (class table + uint32 words (seqlen_q, ceil(seqlen_k /
+32))), ``MASK_MOD`` (class table + the user's compiled function).
+"""
+from __future__ import annotations
+
+from numba import cuda
+
+from .tiles import FULL, interval_class
+
+__all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "interval_visible",
+           "bit_visible", "always_visible"]
+
+NONE, INTERVALS, BITMASK, MASK_MOD = 0, 1, 2, 3
+
+
+@cuda.jit(device=True, inline=True)
+def tile_class(kind, mm, tab, tb, qtile, tile, a, b):
+    """Class (0 skip, 1 partial, 2 full) of key tile ``tile`` for query tile ``qtile`` (rows
+    [a, b)): from the min/max vectors ``mm`` (INTERVALS) or the table ``tab[tb]`` (others)."""
+    if kind == INTERVALS:
+        return interval_class(mm, tile, a, b)
+    if kind == BITMASK or kind == MASK_MOD:
+        return int(tab[tb, qtile, tile])
+    return FULL
+
+
+@cuda.jit(device=True, inline=True)
+def interval_visible(iv, row, col):
+    """Is query row ``row`` visible to key ``col`` under the column intervals ``iv`` (4, Sk)?"""
+    return not ((iv[0, col] <= row and row < iv[1, col]) or (iv[2, col] <= row and row < iv[3, col]))
+
+
+@cuda.jit(device=True, inline=True)
+def bit_visible(bits, row, col):
+    """Bit ``col`` of row ``row`` of the packed uint32 bitmask (1 = visible)."""
+    return ((bits[row, col >> 5] >> (col & 31)) & 1) != 0
+
+
+def always_visible(b, h, q_idx, kv_idx):
+    """Placeholder mask_mod for kernels built without one (never called)."""
+    return True

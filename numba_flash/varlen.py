@@ -1,0 +1,135 @@
+"""Packed variable-length batches (flash-attn's ``cu_seqlens`` convention).
+
+Sequence ``s`` of a batch of B sequences owns query rows ``cu_seqlens_q[s] : cu_seqlens_q[s+1]``
+of q (total_q, heads_q, head_dim) and key rows ``cu_seqlens_k[s] : cu_seqlens_k[s+1]`` of k and v
+(total_k, heads_kv, head_dim); ``cu_seqlens_*`` are int32 (B + 1,) cumulative offsets starting at
+0. Each sequence is its own attention problem (bottom-right alignment inside the sequence); empty
+sequences are allowed. The output is (total_q, heads_q, head_dim) and the lse (heads_q, total_q),
+as in flash-attn's varlen functions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arrays import describe
+
+__all__ = ["Varlen", "check_varlen", "attention_varlen_cpu"]
+
+
+@dataclass(frozen=True)
+class Varlen:
+    """Validated varlen arguments. ``cu_q`` / ``cu_k`` are the caller's arrays (host int64 copies
+    in ``host_q`` / ``host_k`` for NumPy inputs, None for GPU ones, whose contents are trusted and
+    never read back: no synchronisation)."""
+
+    batch: int
+    cu_q: object
+    cu_k: object
+    max_seqlen_q: int
+    max_seqlen_k: int
+    host_q: np.ndarray | None
+    host_k: np.ndarray | None
+
+
+def _check_max(name, value, total):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer >= 0, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _host_offsets(name, arr, total):
+    arr = np.asarray(arr)
+    if arr[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {name}[0] = {arr[0]}")
+    steps = np.diff(arr.astype(np.int64))
+    if (steps < 0).any():
+        s = int(np.argmax(steps < 0))
+        raise ValueError(f"{name} must be non-decreasing, got {name}[{s}] = {arr[s]} > "
+                         f"{name}[{s + 1}] = {arr[s + 1]}")
+    if arr[-1] != total:
+        raise ValueError(f"{name}[-1] must equal the packed length {total}, got {arr[-1]}")
+    return arr.astype(np.int64)
+
+
+def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q: int,
+                 total_k: int, kind: str) -> Varlen:
+    """Validate the varlen arguments for q with total_q rows and k with total_k rows.
+
+    cu_seqlens_q / cu_seqlens_k: int32 (B + 1,), both given, same kind as q ("numpy" or "cuda").
+    NumPy offsets are checked (start 0, non-decreasing, end at the total) and max_seqlen_q/k
+    default to the longest sequence; GPU offsets need max_seqlen_q and max_seqlen_k (ints bounding
+    every sequence: the grid is sized by them) and are not read back.
+    """
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
+        raise ValueError(f"varlen attention needs both cu_seqlens_q and cu_seqlens_k; "
+                         f"{missing} is None")
+    infos = {}
+    for name, arr in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        info = describe(arr, name)
+        if info.kind != kind:
+            raise TypeError(f"{name} must live where q does ({'host' if kind == 'numpy' else 'GPU'}"
+                            f" memory), got a {'NumPy' if info.kind == 'numpy' else 'GPU'} array")
+        if info.dtype != np.int32:
+            raise TypeError(f"{name} must be int32 (flash-attn's convention), got {info.dtype}")
+        if len(info.shape) != 1 or info.shape[0] < 1:
+            raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {info.shape}")
+        infos[name] = info
+    batch = infos["cu_seqlens_q"].shape[0] - 1
+    if infos["cu_seqlens_k"].shape[0] - 1 != batch:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
+                         f"got {batch + 1} and {infos['cu_seqlens_k'].shape[0]}")
+    host_q = host_k = None
+    if kind == "numpy":
+        host_q = _host_offsets("cu_seqlens_q", cu_seqlens_q, total_q)
+        host_k = _host_offsets("cu_seqlens_k", cu_seqlens_k, total_k)
+        longest_q = int(np.diff(host_q).max(initial=0))
+        longest_k = int(np.diff(host_k).max(initial=0))
+        if max_seqlen_q is None:
+            max_seqlen_q = longest_q
+        if max_seqlen_k is None:
+            max_seqlen_k = longest_k
+        for name, value, longest in (("max_seqlen_q", max_seqlen_q, longest_q),
+                                     ("max_seqlen_k", max_seqlen_k, longest_k)):
+            if _check_max(name, value, None) < longest:
+                raise ValueError(f"{name} ({value}) is smaller than the longest sequence "
+                                 f"({longest})")
+    else:
+        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if value is None:
+                raise ValueError(f"{name} is required with GPU cu_seqlens (they are not read "
+                                 f"back to the host): pass the longest sequence length")
+    return Varlen(batch, cu_seqlens_q, cu_seqlens_k, _check_max("max_seqlen_q", max_seqlen_q, 0),
+                  _check_max("max_seqlen_k", max_seqlen_k, 0), host_q, host_k)
+
+
+def attention_varlen_cpu(q, k, v, varlen: Varlen, *, alibi_slopes=None, return_lse=False,
+                         **options):
+    """CPU mode for a packed batch: the reference per sequence, rounded once to the input dtype.
+
+    q (total_q, Hq, D), k / v (total_k, Hkv, D) NumPy arrays of one float dtype; ``options`` are
+    ``attention_cpu``'s (softmax_scale, causal, window_size, sinks, mask, softcap); a mask must
+    fit every sequence's lengths. alibi_slopes: (Hq,) or (B, Hq). Returns out (total_q, Hq, D)
+    in q's dtype, and lse float32 (Hq, total_q) with ``return_lse``.
+    """
+    from .cpu import attention_cpu
+
+    total_q, heads_q, head_dim = q.shape
+    out = np.zeros(q.shape, dtype=q.dtype)
+    lse = np.full((heads_q, total_q), -np.inf, dtype=np.float32)
+    slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, dtype=np.float64)
+    for s in range(varlen.batch):
+        q0, q1 = int(varlen.host_q[s]), int(varlen.host_q[s + 1])
+        k0, k1 = int(varlen.host_k[s]), int(varlen.host_k[s + 1])
+        if q1 == q0 or k1 == k0:
+            continue  # no query row, or no key: rows stay 0 with lse -inf
+        per_seq = None if slopes is None else (slopes if slopes.ndim == 1 else slopes[s])
+        o, l = attention_cpu(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], return_lse=True,
+                             alibi_slopes=per_seq, **options)
+        out[q0:q1] = o[0]
+        lse[:, q0:q1] = l[0]
+    return (out, lse) if return_lse else out

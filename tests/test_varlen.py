@@ -1,0 +1,73 @@
+"""Packed variable-length batches (cu_seqlens): CPU mode against the reference per sequence,
+empty and length-1 sequences, validation, and (with a GPU, or the simulator) the CUDA kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numba_flash
+from numba_flash_reference.attention import attention as reference
+
+
+def _packed(rng, lens_q, lens_k, hq=4, hkv=2, d=16, dtype=np.float64):
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1], hq, d)).astype(dtype)
+    k = rng.standard_normal((cu_k[-1], hkv, d)).astype(dtype)
+    v = rng.standard_normal((cu_k[-1], hkv, d)).astype(dtype)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (3, 1)},
+                                {"causal": True, "softcap": 2.0}])
+def test_cpu_varlen_matches_reference_per_sequence(kw):
+    rng = np.random.default_rng(1)
+    lens_q, lens_k = [5, 0, 1, 9, 3], [7, 4, 1, 9, 0]  # empty q, length 1, empty k
+    q, k, v, cu_q, cu_k = _packed(rng, lens_q, lens_k)
+    out, lse = numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                     return_lse=True, **kw)
+    assert out.shape == q.shape and lse.shape == (4, len(q)) and lse.dtype == np.float32
+    for s in range(len(lens_q)):
+        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            assert (out[q0:q1] == 0).all() and np.isneginf(lse[:, q0:q1]).all()
+            continue
+        ref, ref_lse = reference(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                                 return_lse=True, **kw)
+        np.testing.assert_allclose(out[q0:q1], ref[0], rtol=0, atol=1e-13)
+        np.testing.assert_allclose(lse[:, q0:q1], ref_lse[0].astype(np.float32), rtol=1e-6)
+
+
+def test_cpu_varlen_alibi_per_sequence_slopes():
+    rng = np.random.default_rng(2)
+    q, k, v, cu_q, cu_k = _packed(rng, [3, 6], [5, 6], hq=2, hkv=1)
+    slopes = np.array([[0.5, 0.25], [0.125, 1.0]], dtype=np.float32)
+    out = numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True,
+                                alibi_slopes=slopes)
+    ref = reference(q[None, 3:], k[None, 5:], v[None, 5:], causal=True, alibi_slopes=slopes[1])
+    np.testing.assert_allclose(out[3:], ref[0], atol=1e-13)
+
+
+def test_varlen_validation_messages():
+    rng = np.random.default_rng(3)
+    q, k, v, cu_q, cu_k = _packed(rng, [2, 3], [2, 3])
+    with pytest.raises(ValueError, match="cu_seqlens_k is None"):
+        numba_flash.attention(q, k, v, cu_seqlens_q=cu_q)
+    with pytest.raises(TypeError, match="int32"):
+        numba_flash.attention(q, k, v, cu_seqlens_q=cu_q.astype(np.int64), cu_seqlens_k=cu_k)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\] must equal the packed length 5"):
+        numba_flash.attention(q, k, v, cu_seqlens_q=np.array([0, 2, 4], np.int32),
+                              cu_seqlens_k=cu_k)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        numba_flash.attention(q, k, v, cu_seqlens_q=np.array([0, 3, 2, 5], np.int32),
+                              cu_seqlens_k=np.array([0, 1, 2, 5], np.int32))
+    with pytest.raises(ValueError, match="same length"):
+        numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=np.array([0, 5], np.int32))
+    with pytest.raises(ValueError, match="3 dimensions"):
+        numba_flash.attention(q[None], k[None], v[None], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    with pytest.raises(ValueError, match="max_seqlen_q .1. is smaller"):
+        numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1)
+    with pytest.raises(ValueError, match="packed batches only"):
+        numba_flash.attention(q[None], k[None], v[None], max_seqlen_q=3)
