@@ -236,7 +236,8 @@ def test_geometry_and_split_heuristic():
         lpk, epl, u = decode_geometry(d, r)
         assert lpk * epl == d and epl % 8 == 0 and r * u <= 32 and u >= 1
         assert r * epl <= 64 or lpk == d // 8 or (d // 8) % (2 * lpk)
-    assert auto_num_splits(blocks=32, keys=8192, sm_count=132) == 9
+    assert auto_num_splits(blocks=32, keys=8192, sm_count=132) == 8
+    assert auto_num_splits(blocks=64, keys=32768, sm_count=132) == 4    # one wave, no tail
     assert auto_num_splits(blocks=1024, keys=4096, sm_count=132) == 1
     assert auto_num_splits(blocks=1, keys=300, sm_count=132) == 1       # too few keys to split
     assert auto_num_splits(blocks=1, keys=10**6, sm_count=132) == 128

@@ -462,14 +462,15 @@ def _sm_count(device) -> int:
 
 
 def auto_num_splits(blocks: int, keys: int, sm_count: int) -> int:
-    """Splits of the key range so that the grid fills the device.
+    """Splits of the key range so that the grid fills the device in one wave.
 
-    ``blocks``: blocks without splitting (B * heads_kv * row chunks); ``keys``: an upper bound
-    of the keys one block visits (the cache capacity, or the window's extent). Aims at
-    ``WAVES * sm_count`` blocks in all, keeps at least MIN_KEYS_PER_SPLIT keys per split, and
-    never exceeds MAX_SPLITS. Returns 1 (no merge) when the grid is already full.
+    ``blocks``: blocks without splitting (B * heads_kv * row_chunks); ``keys``: an upper bound
+    of the keys one block visits (the cache capacity, or the window's extent). The most splits
+    whose grid still fits ``WAVES * sm_count`` resident blocks (rounding down: a partial second
+    wave costs nearly a whole one), at least MIN_KEYS_PER_SPLIT keys per split, at most
+    MAX_SPLITS. Returns 1 (no merge) when the grid is already full.
     """
-    want = -(-WAVES * sm_count // max(blocks, 1))
+    want = (WAVES * sm_count) // max(blocks, 1)
     by_len = max(1, keys // MIN_KEYS_PER_SPLIT)
     return int(max(1, min(want, by_len, MAX_SPLITS)))
 
