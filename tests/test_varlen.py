@@ -71,3 +71,38 @@ def test_varlen_validation_messages():
         numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1)
     with pytest.raises(ValueError, match="packed batches only"):
         numba_flash.attention(q[None], k[None], v[None], max_seqlen_q=3)
+
+
+def test_cuda_varlen_kernel_matches_reference():
+    """The kernel on a packed batch (simulator without a GPU)."""
+    import inspect
+
+    from numba_flash.cuda import launch
+    if "varlen" not in inspect.signature(launch.attention_cuda).parameters:
+        pytest.skip("forward kernel without varlen yet (docs/masks.md, 'Status on the GPU')")
+    from numba_flash.cuda.warp import SIMULATOR
+    from numba_flash.varlen import check_varlen
+
+    rng = np.random.default_rng(5)
+    lens_q, lens_k = ([7, 0, 1, 12], [9, 3, 1, 12]) if SIMULATOR else ([700, 0, 1, 1290, 5],
+                                                                        [900, 3, 1, 1290, 0])
+    q, k, v, cu_q, cu_k = _packed(rng, lens_q, lens_k, hq=2, hkv=1, d=32, dtype=np.float32)
+    vl = check_varlen(cu_q, cu_k, None, None, len(q), len(k), "numpy")
+    mod = __import__("numba_flash").masks.mask_mod(lambda b, h, qi, kv: (qi - kv) % 4 != 2)
+    for kw in ({"causal": True}, {"mask": mod, "window_size": (5, 2)}):
+        args = (q, k, v)
+        if not SIMULATOR:
+            import cupy as cp
+            args = tuple(cp.asarray(x) for x in args)
+            vl = check_varlen(cp.asarray(cu_q), cp.asarray(cu_k), vl.max_seqlen_q,
+                              vl.max_seqlen_k, len(q), len(k), "cuda")
+        out, lse = launch.attention_cuda(*args, softmax_scale=32 ** -0.5, return_lse=True,
+                                         varlen=vl, **kw)
+        if not SIMULATOR:
+            out, lse = out.get(), lse.get()
+        want, want_lse = numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                               return_lse=True, softmax_scale=32 ** -0.5, **kw)
+        np.testing.assert_allclose(out, want, atol=2e-5)
+        fin = np.isfinite(want_lse)
+        assert (np.isneginf(lse) == ~fin).all()
+        np.testing.assert_allclose(lse[fin], want_lse[fin], atol=2e-5)

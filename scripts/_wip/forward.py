@@ -1,0 +1,660 @@
+"""Tiled FlashAttention-2 forward kernels (prefill), specialised by closure constants.
+
+Two kernel families, both built by factories whose arguments are compile-time constants:
+
+* ``make_mma_kernel``: float16 / bfloat16 on tensor cores (``mma.sync`` m16n8k16, fp32
+  accumulation). A block of 4 warps owns a 64-row query tile, each warp 16 rows; K and V tiles
+  of ``block_n`` keys stream through shared memory (cp.async, 16 bytes per copy; B fragments
+  through ldmatrix, transposed for V); scores, running max/sum and the output accumulator stay in
+  registers and the score fragment becomes the A operand of P @ V without leaving them.
+  Inputs are passed as ``uint32`` views (two 16-bit values per word along head_dim).
+* ``make_fma_kernel``: exact float32 / float64 paths on CUDA cores, one thread per query row,
+  K/V tiles in shared memory, online softmax per tile.
+
+Shapes (kernel arguments): q (B, Sq, Hq, W), k and v (B, Sk, Hkv, W), out (B, Sq, Hq, W) where
+W = head_dim / 2 words for the mma kernel and W = head_dim elements for the FMA kernel; lse
+float32 (B, Hq, Sq). Any strides. Grid: (number of query tiles, B * Hq).
+
+Masks are implicit: a left window bound, a right window bound (causal is right = 0), and
+attention sinks (only with a left bound). Key tiles with no visible pair are never loaded; tiles
+where every pair is visible skip per-element masking.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from numba import cuda
+from numba.cuda import types
+
+from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
+                      interval_visible, tile_class)
+from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
+                   ldmatrix_x4_trans, mma16, pack16, shfl_xor)
+
+__all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "FMA_BLOCK_M",
+           "mma_block_n", "fma_block_n"]
+
+MMA_BLOCK_M = 64
+MMA_THREADS = 128
+FMA_BLOCK_M = 64
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def _jit(fn, cache=True):
+    # On-disk caching: closures are cached per value of their cells (see launch.py). A kernel
+    # holding a user's mask_mod is not cached on disk (its closure holds a dispatcher).
+    return cuda.jit(fn) if SIMULATOR or not cache else cuda.jit(cache=True)(fn)
+
+
+def _mask_mod_device(mask_mod):
+    if mask_mod is None:
+        return always_visible if SIMULATOR else _ALWAYS
+    return mask_mod if SIMULATOR else cuda.jit(device=True)(mask_mod)
+
+
+_ALWAYS = None if SIMULATOR else cuda.jit(device=True)(always_visible)
+
+
+def mma_block_n(head_dim: int) -> int:
+    """Keys per K/V tile of the tensor-core kernel.
+
+    K, V (and the Q tile for head_dim >= 128) must fit 48 KB of static shared memory: at
+    head_dim 256 the 32 KB Q tile leaves room for 16-key K and V tiles only.
+    ``NUMBA_FLASH_MMA_BLOCK_N`` (16, 32 or 64) overrides it, for tuning experiments.
+    """
+    forced = os.environ.get("NUMBA_FLASH_MMA_BLOCK_N")
+    if forced:
+        return int(forced)
+    return 64 if head_dim <= 128 else 16
+
+
+def mma_q_in_smem(head_dim: int) -> bool:
+    """Whether the tensor-core kernel keeps Q in shared memory (else in registers).
+
+    Q fragments in registers cost head_dim / 4 registers per thread; from head_dim 128 on they
+    push the kernel past the 255-register cap (spills), so Q stays in shared memory and its A
+    fragments are re-read with ldmatrix at every k-step.
+    """
+    return head_dim >= 128
+
+
+def mma_swizzled(head_dim: int) -> bool:
+    """Whether shared-memory rows are XOR-swizzled (rows of a multiple of 8 16-byte chunks)
+    instead of padded by 16 bytes; both keep the 8 row addresses of an ldmatrix on distinct
+    banks, the swizzle without the padding's extra bytes."""
+    return (head_dim // 8) % 8 == 0
+
+
+def fma_block_n(head_dim: int, itemsize: int) -> int:
+    """Keys per K/V tile of the FMA kernel: K and V tiles together stay within 32 KB."""
+    return max(4, min(32, 16384 // (head_dim * itemsize)))
+
+
+def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
+                    has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int,
+                    mask_kind: int = NONE, varlen: bool = False, has_alibi: bool = False,
+                    mask_mod=None):
+    """Build the tensor-core kernel for one configuration (all arguments compile-time).
+
+    Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2,
+    cap_in, cap_out, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k,
+    alibi)``; q/k/v/out uint32 (B, S, H, D/2), lse float32 (B, Hq, Sq); float scalars as float32.
+    Mask arrays (dummies when unused; see maskdev.py): mk_iv int32 (4, Sk) intervals, mk_mm int32
+    (8, n_ktiles) their min/max, mk_tab int8 (T, n_qtiles, n_ktiles) class table (T = 1 or
+    B * Hq), mk_bits uint32 bitmask words. ``varlen``: q/k/v/out are (1, total, H, D/2), lse
+    (1, Hq, total_q), sequence b owns rows cu_q[b]:cu_q[b+1] and keys cu_k[b]:cu_k[b+1].
+    ``has_alibi``: alibi float32 (B, Hq) slopes, ``-slope * |i - j|`` added after the softcap. With softcap the base-2 score is
+    ``cap_out * tanh(cap_in * q.k)``, else ``scale_log2 * q.k``.
+
+    Pipeline per key tile (FlashAttention-2's): wait for K, barrier, start the V copy
+    (cp.async), S = Q K^T from ldmatrix fragments, online softmax, wait for V, barrier, start
+    the next K copy, O += P V (ldmatrix.trans fragments). Each copy overlaps one matrix product.
+    """
+    D = head_dim
+    BM, BN = MMA_BLOCK_M, block_n
+    DW = D // 2
+    KS, NS, NP, ND = D // 16, BN // 8, BN // 16, D // 8
+    SF, OF = NS * 4, ND * 4
+    Q_SMEM = mma_q_in_smem(D)
+    QF = 4 if Q_SMEM else KS * 4          # Q fragment registers (unused when Q is in smem)
+    SWZ = mma_swizzled(D)
+    # Row stride in words. Bank conflicts of ldmatrix (8 rows, same logical column) are avoided
+    # either by 16 bytes of padding per row, or by storing 16-byte chunk c of row r at chunk
+    # c ^ (r & 7): with word columns that are multiples of 4, that is col ^ ((r & 7) << 2).
+    KW = DW if SWZ else DW + 4
+    SWZ_MASK = 28 if SWZ else 0
+    CPR = D // 8         # 16-byte chunks per row
+    CHUNK_ITERS = BN * CPR // MMA_THREADS
+    Q_CHUNK_ITERS = BM * CPR // MMA_THREADS
+    QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM else (1, 4)
+    NTHREADS = MMA_THREADS
+    # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
+    # an intrinsic object pickles differently in every process.
+    BF16 = bool(is_bf16)
+    NEG_INF = -math.inf
+    KIND = int(mask_kind)
+    VARLEN = bool(varlen)
+    ALIBI = bool(has_alibi)
+    mod = _mask_mod_device(mask_mod)
+
+    def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
+               window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
+        n_qtiles = cuda.gridDim.x
+        qtile = n_qtiles - 1 - cuda.blockIdx.x      # longest (causal) tiles first
+        heads_q = q.shape[2]
+        b = cuda.blockIdx.y // heads_q
+        h = cuda.blockIdx.y % heads_q
+        hk = h // heads_ratio
+        ab = b          # batch index into the arrays (0 for a packed batch)
+        q_off = 0       # first row of this sequence in q / out / lse, first key in k / v
+        k_off = 0
+        if VARLEN:
+            ab = 0
+            q_off = cu_q[b]
+            k_off = cu_k[b]
+            seqlen_q = int(cu_q[b + 1] - q_off)
+            seqlen_k = int(cu_k[b + 1] - k_off)
+            if qtile * BM >= seqlen_q:
+                return
+        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        slope = np.float32(0.0)
+        if ALIBI:
+            slope = alibi[b, h] * np.float32(LOG2E)
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        # ldmatrix row addresses: lanes 8m..8m+7 address matrix m.
+        k_row = (lane >> 4) * 8 + (lane & 7)
+        k_col = ((lane >> 3) & 1) * 4
+        v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
+        v_col = (lane >> 4) * 4
+        # Every ldmatrix row this lane addresses is = lane (mod 8): one swizzle term per thread.
+        swz = SWZ_MASK & ((lane & 7) << 2)
+
+        if SIMULATOR:  # the simulator rejects an alignment argument
+            ks = cuda.shared.array((BN, KW), types.uint32)
+            vs = cuda.shared.array((BN, KW), types.uint32)
+            qs = cuda.shared.array((QS_ROWS, QS_COLS), types.uint32)
+        else:          # cp.async and ldmatrix need 16-byte aligned rows
+            ks = cuda.shared.array((BN, KW), types.uint32, alignment=16)
+            vs = cuda.shared.array((BN, KW), types.uint32, alignment=16)
+            qs = cuda.shared.array((QS_ROWS, QS_COLS), types.uint32, alignment=16)
+        qf = cuda.local.array(QF, types.uint32)
+        s = cuda.local.array(SF, types.float32)
+        acc = cuda.local.array(OF, types.float32)
+
+        offset = seqlen_k - seqlen_q
+        row0 = qtile * BM + warp * 16 + g
+        row1 = row0 + 8
+        qpos0 = row0 + offset
+        qpos1 = row1 + offset
+
+        zero_w = np.uint32(0)
+        for kk in range(0 if Q_SMEM else KS):
+            w = kk * 8 + t
+            x0 = zero_w
+            x2 = zero_w
+            if row0 < seqlen_q:
+                x0 = q[ab, q_off + row0, h, w]
+                x2 = q[ab, q_off + row0, h, w + 4]
+            x1 = zero_w
+            x3 = zero_w
+            if row1 < seqlen_q:
+                x1 = q[ab, q_off + row1, h, w]
+                x3 = q[ab, q_off + row1, h, w + 4]
+            qf[kk * 4 + 0] = x0
+            qf[kk * 4 + 1] = x1
+            qf[kk * 4 + 2] = x2
+            qf[kk * 4 + 3] = x3
+        for i in range(OF):
+            acc[i] = np.float32(0.0)
+
+        # Key tiles this query tile can see (block-uniform): the window's tiles, plus sink tiles.
+        q_lo = qtile * BM + offset
+        q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
+        n_start = 0
+        n_end = seqlen_k
+        if has_left:
+            n_start = max(0, q_lo - window_left)
+        if has_right:
+            n_end = min(n_end, q_hi + window_right + 1)
+        tile_lo = n_start // BN
+        tile_hi = (n_end - 1) // BN
+        if n_end <= n_start:
+            tile_lo = 1
+            tile_hi = 0
+        first = tile_lo
+        last = tile_hi
+        sink_tiles = 0
+        if has_sinks:
+            sink_end = min(min(sinks, seqlen_k), q_hi + 1)
+            if sink_end > 0:
+                sink_tiles = (sink_end + BN - 1) // BN
+                first = 0
+                last = max(tile_hi, sink_tiles - 1)
+
+        m0 = np.float32(NEG_INF)
+        m1 = np.float32(NEG_INF)
+        l0 = np.float32(0.0)
+        l1 = np.float32(0.0)
+
+        # Mask object: skip the tiles it masks entirely (never loaded), from the first on.
+        r_lo = qtile * BM
+        r_hi = min(r_lo + BM, seqlen_q)
+        tile = first
+        if KIND != NONE:
+            while tile <= last and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 0:
+                tile += 1
+                if has_sinks and tile >= sink_tiles and tile < tile_lo:
+                    tile = tile_lo
+        if tile <= last:
+            if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
+                for it in range(Q_CHUNK_ITERS):
+                    i = it * NTHREADS + tid
+                    r = i // CPR
+                    c = (i - r * CPR) * 4
+                    qrow = qtile * BM + r
+                    ok = qrow < seqlen_q
+                    cp_async16(qs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), q, ab,
+                               q_off + qrow if ok else 0, h, c, 16 if ok else 0)
+            for it in range(CHUNK_ITERS):
+                i = it * NTHREADS + tid
+                r = i // CPR
+                c = (i - r * CPR) * 4
+                key = tile * BN + r
+                ok = key < seqlen_k
+                cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, ab,
+                           k_off + key if ok else 0, hk, c, 16 if ok else 0)
+            cp_async_commit()
+
+        while tile <= last:
+            nxt = tile + 1
+            if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
+                nxt = tile_lo
+            if KIND != NONE:
+                while nxt <= last and tile_class(KIND, mk_mm, mk_tab, tb, qtile, nxt, r_lo, r_hi) == 0:
+                    nxt += 1
+                    if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
+                        nxt = tile_lo
+            in_window = tile >= tile_lo and tile <= tile_hi
+            k0 = tile * BN
+            # Is every (row, key) pair of this tile visible? Then no per-element mask.
+            full = k0 + BN <= seqlen_k and in_window
+            if has_left:
+                full = full and k0 >= q_hi - window_left
+            if has_right:
+                full = full and k0 + BN - 1 <= q_lo + window_right
+            if has_sinks:
+                full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
+            if KIND != NONE:
+                full = full and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 2
+
+            cp_async_wait_all()
+            cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
+            for it in range(CHUNK_ITERS):
+                i = it * NTHREADS + tid
+                r = i // CPR
+                c = (i - r * CPR) * 4
+                key = k0 + r
+                ok = key < seqlen_k
+                cp_async16(vs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), v, ab,
+                           k_off + key if ok else 0, hk, c, 16 if ok else 0)
+            cp_async_commit()
+
+            # S = Q K^T: NS independent 16x8 accumulators per warp.
+            for i in range(SF):
+                s[i] = np.float32(0.0)
+            for kk in range(KS):
+                if Q_SMEM:
+                    a0, a1, a2, a3 = ldmatrix_x4(qs, warp * 16 + v_row, (kk * 8 + v_col) ^ swz)
+                else:
+                    a0 = qf[kk * 4]
+                    a1 = qf[kk * 4 + 1]
+                    a2 = qf[kk * 4 + 2]
+                    a3 = qf[kk * 4 + 3]
+                for jj in range(NS // 2):
+                    b0, b1, b2, b3 = ldmatrix_x4(ks, jj * 16 + k_row, (kk * 8 + k_col) ^ swz)
+                    j = 2 * jj
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3,
+                                           b0, b1, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
+                    s[j * 4] = c0
+                    s[j * 4 + 1] = c1
+                    s[j * 4 + 2] = c2
+                    s[j * 4 + 3] = c3
+                    j = 2 * jj + 1
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3,
+                                           b2, b3, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
+                    s[j * 4] = c0
+                    s[j * 4 + 1] = c1
+                    s[j * 4 + 2] = c2
+                    s[j * 4 + 3] = c3
+
+            mx0 = np.float32(NEG_INF)
+            mx1 = np.float32(NEG_INF)
+            for j in range(NS):
+                for e in range(4):
+                    x = s[j * 4 + e]
+                    if has_softcap:
+                        x = cap_out * math.tanh(cap_in * x)
+                    else:
+                        x = x * scale_log2
+                    kpos = k0 + j * 8 + 2 * t + (e & 1)
+                    qpos = qpos0
+                    if e >= 2:
+                        qpos = qpos1
+                    if ALIBI:
+                        x -= slope * abs(qpos - kpos)
+                    if not full:
+                        vis = True
+                        if has_left:
+                            vis = kpos >= qpos - window_left
+                        if has_right:
+                            vis = vis and kpos <= qpos + window_right
+                        if has_sinks:
+                            vis = vis or (kpos < sinks and kpos <= qpos)
+                        row = qpos - offset
+                        if KIND != NONE and vis and kpos < seqlen_k and row < seqlen_q:
+                            if KIND == INTERVALS:
+                                vis = interval_visible(mk_iv, row, kpos)
+                            elif KIND == BITMASK:
+                                vis = bit_visible(mk_bits, row, kpos)
+                            else:
+                                vis = mod(b, h, qpos, kpos)
+                        if kpos >= seqlen_k or not vis:
+                            x = np.float32(NEG_INF)
+                    s[j * 4 + e] = x
+                    if e < 2:
+                        mx0 = max(mx0, x)
+                    else:
+                        mx1 = max(mx1, x)
+            # The 4 lanes of a quad hold one row: reduce across them.
+            mx0 = max(mx0, shfl_xor(mx0, 1))
+            mx0 = max(mx0, shfl_xor(mx0, 2))
+            mx1 = max(mx1, shfl_xor(mx1, 1))
+            mx1 = max(mx1, shfl_xor(mx1, 2))
+            mn0 = max(m0, mx0)
+            mn1 = max(m1, mx1)
+            # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp2 gives 0.
+            mu0 = mn0 if mn0 != NEG_INF else np.float32(0.0)
+            mu1 = mn1 if mn1 != NEG_INF else np.float32(0.0)
+            alpha0 = exp2(m0 - mu0)
+            alpha1 = exp2(m1 - mu1)
+            m0 = mn0
+            m1 = mn1
+            rs0 = np.float32(0.0)
+            rs1 = np.float32(0.0)
+            for j in range(NS):
+                p0 = exp2(s[j * 4] - mu0)
+                p1 = exp2(s[j * 4 + 1] - mu0)
+                p2 = exp2(s[j * 4 + 2] - mu1)
+                p3 = exp2(s[j * 4 + 3] - mu1)
+                s[j * 4] = p0
+                s[j * 4 + 1] = p1
+                s[j * 4 + 2] = p2
+                s[j * 4 + 3] = p3
+                rs0 += p0 + p1
+                rs1 += p2 + p3
+            l0 = l0 * alpha0 + rs0     # per-lane partial sums; the quad is summed once at the end
+            l1 = l1 * alpha1 + rs1
+            for dn in range(ND):
+                acc[dn * 4] *= alpha0
+                acc[dn * 4 + 1] *= alpha0
+                acc[dn * 4 + 2] *= alpha1
+                acc[dn * 4 + 3] *= alpha1
+
+            cp_async_wait_all()
+            cuda.syncthreads()  # V tile landed; every warp is done with K
+            if nxt <= last:
+                for it in range(CHUNK_ITERS):
+                    i = it * NTHREADS + tid
+                    r = i // CPR
+                    c = (i - r * CPR) * 4
+                    key = nxt * BN + r
+                    ok = key < seqlen_k
+                    cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, ab,
+                               k_off + key if ok else 0, hk, c, 16 if ok else 0)
+                cp_async_commit()
+
+            # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits.
+            for kb in range(NP):
+                a0 = pack16(BF16, s[kb * 8], s[kb * 8 + 1])
+                a1 = pack16(BF16, s[kb * 8 + 2], s[kb * 8 + 3])
+                a2 = pack16(BF16, s[kb * 8 + 4], s[kb * 8 + 5])
+                a3 = pack16(BF16, s[kb * 8 + 6], s[kb * 8 + 7])
+                for dd in range(ND // 2):
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, (dd * 8 + v_col) ^ swz)
+                    dn = 2 * dd
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b0, b1, acc[dn * 4], acc[dn * 4 + 1],
+                                         acc[dn * 4 + 2], acc[dn * 4 + 3])
+                    acc[dn * 4] = c0
+                    acc[dn * 4 + 1] = c1
+                    acc[dn * 4 + 2] = c2
+                    acc[dn * 4 + 3] = c3
+                    dn = 2 * dd + 1
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b2, b3, acc[dn * 4], acc[dn * 4 + 1],
+                                         acc[dn * 4 + 2], acc[dn * 4 + 3])
+                    acc[dn * 4] = c0
+                    acc[dn * 4 + 1] = c1
+                    acc[dn * 4 + 2] = c2
+                    acc[dn * 4 + 3] = c3
+            tile = nxt
+
+        l0 += shfl_xor(l0, 1)
+        l0 += shfl_xor(l0, 2)
+        l1 += shfl_xor(l1, 1)
+        l1 += shfl_xor(l1, 2)
+        inv0 = np.float32(0.0)
+        inv1 = np.float32(0.0)
+        if l0 > 0:
+            inv0 = np.float32(1.0) / l0
+        if l1 > 0:
+            inv1 = np.float32(1.0) / l1
+        if row0 < seqlen_q:
+            for dn in range(ND):
+                out[ab, q_off + row0, h, dn * 4 + t] = pack16(BF16, acc[dn * 4] * inv0,
+                                                              acc[dn * 4 + 1] * inv0)
+            if write_lse and t == 0:
+                lse[ab, h, q_off + row0] = (m0 + math.log2(l0)) * LN2 if l0 > 0 else NEG_INF
+        if row1 < seqlen_q:
+            for dn in range(ND):
+                out[ab, q_off + row1, h, dn * 4 + t] = pack16(BF16, acc[dn * 4 + 2] * inv1,
+                                                              acc[dn * 4 + 3] * inv1)
+            if write_lse and t == 0:
+                lse[ab, h, q_off + row1] = (m1 + math.log2(l1)) * LN2 if l1 > 0 else NEG_INF
+
+    return _jit(kernel, cache=mask_mod is None)
+
+
+def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
+                    has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int,
+                    mask_kind: int = NONE, varlen: bool = False, has_alibi: bool = False,
+                    mask_mod=None):
+    """Build the exact CUDA-core kernel (float32 or float64) for one configuration.
+
+    Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in,
+    cap_out, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k,
+    alibi)`` (mask, varlen and alibi arguments as in ``make_mma_kernel``); q/k/v/out in the
+    working dtype (B, S, H, D),
+    lse float32 (B, Hq, Sq). Scores are natural-log: ``scale * q.k``, or with softcap
+    ``cap_out * tanh(cap_in * q.k)``. One thread per query row, 64 rows per block.
+    """
+    D = head_dim
+    BM, BN = FMA_BLOCK_M, block_n
+    dt = types.float64 if is_f64 else types.float32
+    npdt = np.float64 if is_f64 else np.float32
+    ITEMS = BN * D
+    NEG_INF = -math.inf
+    KIND = int(mask_kind)
+    VARLEN = bool(varlen)
+    ALIBI = bool(has_alibi)
+    mod = _mask_mod_device(mask_mod)
+
+    def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
+               window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
+        n_qtiles = cuda.gridDim.x
+        qtile = n_qtiles - 1 - cuda.blockIdx.x
+        heads_q = q.shape[2]
+        b = cuda.blockIdx.y // heads_q
+        h = cuda.blockIdx.y % heads_q
+        hk = h // heads_ratio
+        tid = cuda.threadIdx.x
+        ab = b
+        q_off = 0
+        k_off = 0
+        if VARLEN:
+            ab = 0
+            q_off = cu_q[b]
+            k_off = cu_k[b]
+            seqlen_q = int(cu_q[b + 1] - q_off)
+            seqlen_k = int(cu_k[b + 1] - k_off)
+            if qtile * BM >= seqlen_q:
+                return
+        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        slope = npdt(0.0)
+        if ALIBI:
+            slope = npdt(alibi[b, h])
+
+        ks = cuda.shared.array((BN, D), dt)
+        vs = cuda.shared.array((BN, D), dt)
+        qr = cuda.local.array(D, dt)
+        acc = cuda.local.array(D, dt)
+        p = cuda.local.array(BN, dt)
+
+        offset = seqlen_k - seqlen_q
+        row = qtile * BM + tid
+        qpos = row + offset
+        for d in range(D):
+            x = npdt(0.0)
+            if row < seqlen_q:
+                x = q[ab, q_off + row, h, d]
+            qr[d] = x
+            acc[d] = npdt(0.0)
+
+        q_lo = qtile * BM + offset
+        q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
+        n_start = 0
+        n_end = seqlen_k
+        if has_left:
+            n_start = max(0, q_lo - window_left)
+        if has_right:
+            n_end = min(n_end, q_hi + window_right + 1)
+        tile_lo = n_start // BN
+        tile_hi = (n_end - 1) // BN
+        if n_end <= n_start:
+            tile_lo = 1
+            tile_hi = 0
+        first = tile_lo
+        last = tile_hi
+        sink_tiles = 0
+        if has_sinks:
+            sink_end = min(min(sinks, seqlen_k), q_hi + 1)
+            if sink_end > 0:
+                sink_tiles = (sink_end + BN - 1) // BN
+            first = 0
+            last = max(tile_hi, sink_tiles - 1)
+
+        m = npdt(NEG_INF)
+        l = npdt(0.0)
+        r_lo = qtile * BM
+        r_hi = min(r_lo + BM, seqlen_q)
+        for tile in range(first, last + 1):
+            in_window = tile >= tile_lo and tile <= tile_hi
+            if has_sinks and not in_window and tile >= sink_tiles:
+                continue
+            if KIND != NONE and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 0:
+                continue
+            k0 = tile * BN
+            cuda.syncthreads()
+            for it in range((ITEMS + FMA_BLOCK_M - 1) // FMA_BLOCK_M):
+                i = it * FMA_BLOCK_M + tid
+                if i < ITEMS:
+                    r = i // D
+                    c = i - r * D
+                    key = k0 + r
+                    x = npdt(0.0)
+                    y = npdt(0.0)
+                    if key < seqlen_k:
+                        x = k[ab, k_off + key, hk, c]
+                        y = v[ab, k_off + key, hk, c]
+                    ks[r, c] = x
+                    vs[r, c] = y
+            cuda.syncthreads()
+
+            mx = npdt(NEG_INF)
+            for j in range(BN):
+                # 8 interleaved partial sums: shorter rounding chains and independent FMAs.
+                d0 = npdt(0.0)
+                d1 = npdt(0.0)
+                d2 = npdt(0.0)
+                d3 = npdt(0.0)
+                d4 = npdt(0.0)
+                d5 = npdt(0.0)
+                d6 = npdt(0.0)
+                d7 = npdt(0.0)
+                for d in range(0, D, 8):
+                    d0 += qr[d] * ks[j, d]
+                    d1 += qr[d + 1] * ks[j, d + 1]
+                    d2 += qr[d + 2] * ks[j, d + 2]
+                    d3 += qr[d + 3] * ks[j, d + 3]
+                    d4 += qr[d + 4] * ks[j, d + 4]
+                    d5 += qr[d + 5] * ks[j, d + 5]
+                    d6 += qr[d + 6] * ks[j, d + 6]
+                    d7 += qr[d + 7] * ks[j, d + 7]
+                dot = ((d0 + d1) + (d2 + d3)) + ((d4 + d5) + (d6 + d7))
+                if has_softcap:
+                    x = cap_out * math.tanh(cap_in * dot)
+                else:
+                    x = scale * dot
+                kpos = k0 + j
+                vis = kpos < seqlen_k
+                wv = True
+                if has_left:
+                    wv = kpos >= qpos - window_left
+                if has_right:
+                    wv = wv and kpos <= qpos + window_right
+                if has_sinks:
+                    wv = wv or (kpos < sinks and kpos <= qpos)
+                if ALIBI:
+                    x -= slope * abs(qpos - kpos)
+                if KIND != NONE and vis and wv and row < seqlen_q:
+                    if KIND == INTERVALS:
+                        wv = interval_visible(mk_iv, row, kpos)
+                    elif KIND == BITMASK:
+                        wv = bit_visible(mk_bits, row, kpos)
+                    else:
+                        wv = mod(b, h, qpos, kpos)
+                if not (vis and wv):
+                    x = npdt(NEG_INF)
+                p[j] = x
+                mx = max(mx, x)
+            mn = max(m, mx)
+            mu = mn if mn != NEG_INF else npdt(0.0)
+            alpha = math.exp(m - mu)
+            m = mn
+            rs = npdt(0.0)
+            for j in range(BN):
+                e = math.exp(p[j] - mu)
+                p[j] = e
+                rs += e
+            l = l * alpha + rs
+            for d in range(D):
+                a = acc[d] * alpha
+                for j in range(BN):
+                    a += p[j] * vs[j, d]
+                acc[d] = a
+
+        if row < seqlen_q:
+            inv = npdt(0.0)
+            if l > 0:
+                inv = npdt(1.0) / l
+            for d in range(D):
+                out[ab, q_off + row, h, d] = acc[d] * inv
+            if write_lse:
+                lse[ab, h, q_off + row] = m + math.log(l) if l > 0 else NEG_INF
+
+    return _jit(kernel, cache=mask_mod is None)
