@@ -196,7 +196,7 @@ def bench_set(args, results, save):
 
 
 def sweep_masks(n: int, docs: int, rng):
-    cuts = np.sort(rng.choice(np.arange(1, n), size=docs - 1, replace=False)) if docs > 1 else []
+    cuts = np.sort(rng.choice(np.arange(1, n), size=docs - 1, replace=False)).astype(np.int64)
     lengths = np.diff(np.concatenate([[0], cuts, [n]])).tolist()
     questions = [x // 4 for x in lengths]
     answers = [[(x - qq) // 2, x - qq - (x - qq) // 2] for x, qq in zip(lengths, questions)]
