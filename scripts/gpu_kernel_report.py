@@ -52,14 +52,46 @@ def _inputs(dtype, b, sq, sk, hq, hkv, d, rng):
     return dev, [cp.asnumpy(x).astype(np.float64) for x in dev]
 
 
+def loop_spills(sass: str):
+    """(LDL, STL) inside loops: instructions between a backward branch and its target."""
+    addr_of, lines = {}, []
+    label = None
+    for line in sass.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            label = m.group(1)
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*)", line)
+        if m:
+            addr = int(m.group(1), 16)
+            if label:
+                addr_of[label] = addr
+                label = None
+            lines.append((addr, m.group(2)))
+    loops = []
+    for addr, text in lines:
+        m = re.search(r"\bBRA\b.*?(?:`\((\.L_x_\d+)\)|(0x[0-9a-f]+))", text)
+        if m:
+            target = addr_of.get(m.group(1)) if m.group(1) else int(m.group(2), 16)
+            if target is not None and target < addr:
+                loops.append((target, addr))
+    inside = [text for addr, text in lines if any(lo <= addr <= hi for lo, hi in loops)]
+    return (sum(bool(re.search(r"\bLDL\b", t)) for t in inside),
+            sum(bool(re.search(r"\bSTL\b", t)) for t in inside))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sass-dir", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default=None, help="comma-separated head_dims to report")
     args = ap.parse_args()
     rng = np.random.default_rng(1)
     report = []
+    only = {int(x) for x in args.only.split(",")} if args.only else None
     for dtype, d, causal, window, sinks, softcap in CONFIGS:
+        if only and d not in only:
+            continue
         (q, k, v), (q64, k64, v64) = _inputs(dtype, 2, 200, 333, 4, 2, d, rng)
         kw = dict(softmax_scale=d ** -0.5, causal=causal, window_size=window, sinks=sinks,
                   softcap=softcap)
@@ -90,7 +122,7 @@ def main():
             ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass, re.M)
             entry.update(regs=regs, smem=smem, local=lmem, n_hmma=sass.count("HMMA"),
                          n_ldl=len(re.findall(r"\bLDL\b", sass)), n_stl=len(re.findall(r"\bSTL\b", sass)),
-                         n_sass=len(ops))
+                         ldl_stl_in_loops=loop_spills(sass), n_sass=len(ops))
             if args.sass_dir:
                 name = f"{dtype}_d{d}_{'causal' if causal else 'full'}{'_win' if has_left else ''}"
                 with open(f"{args.sass_dir}/{name}.sass", "w") as f:
