@@ -45,16 +45,8 @@ PY
     ab)
       for tree in old new; do
         pp=$PYTHONPATH; [ $tree = old ] && pp=$PWD/out/old:$PYTHONPATH
-        PYTHONPATH=$pp python3 -c "import numba_flash; print('$tree tree:', numba_flash.__file__)"
+        (cd /tmp && PYTHONPATH=$pp python3 -c "import numba_flash; print('$tree tree:', numba_flash.__file__)")
         PYTHONPATH=$pp python3 scripts/bench_forward.py --no-naive --dtype float16 --shape 4,16,4096,128 --shape 2,16,4096,256 --shape 16,16,1024,64 --out "$OUT/ab_$tree.json" --plot /tmp/ab.png 2>&1 | tail -7 | tee -a "$OUT/ab.log"
-      done ;;
-    exp)  # register-pressure variants of the tensor-core kernel (D=128, 256): resources + speed
-      for var in base ordered kk ordered+kk; do
-        env=""; case $var in *ordered*) env="NUMBA_FLASH_MMA_ORDERED=1";; esac
-        case $var in *kk*) env="$env NUMBA_FLASH_KK_RUNTIME=1";; esac
-        echo "--- variant $var" | tee -a "$OUT/exp.log"
-        env $env python3 scripts/gpu_kernel_report.py --only 128,256 2>&1 | grep -v Warn | sed -E 's/max_err=[^ ]* lse_err=[^ ]* //; s/window=\(-1, -1\) sinks=0 softcap=None //' | tee -a "$OUT/exp.log"
-        env $env python3 scripts/bench_forward.py --no-naive --dtype float16 --shape 4,16,4096,128 --shape 2,16,4096,256 --out "$OUT/exp_$var.json" --plot /tmp/x.png 2>&1 | tail -4 | tee -a "$OUT/exp.log"
       done ;;
     report)
       mkdir -p /tmp/sass
@@ -64,7 +56,7 @@ PY
       python3 -m pytest -q tests/test_cuda_forward.py --durations=5 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     sanitizer)
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 scripts/sanitize_case.py > "$OUT/sanitizer_$tool.log" 2>&1
+        compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 scripts/sanitize_case.py ${SANITIZE_ARGS:-} > "$OUT/sanitizer_$tool.log" 2>&1
         echo "compute-sanitizer $tool rc=$?" | tee -a "$OUT/sanitizer.log"
         grep -v "Warn\|warn(" "$OUT/sanitizer_$tool.log" | grep -m 12 -A 3 "=====" | head -40
         tail -2 "$OUT/sanitizer_$tool.log" | tee -a "$OUT/sanitizer.log"

@@ -1,20 +1,49 @@
-"""A small case of each forward kernel, for compute-sanitizer (memcheck, racecheck) on a GPU."""
+"""Small cases of each forward kernel, for compute-sanitizer (memcheck, racecheck) on a GPU.
+
+    python scripts/sanitize_case.py [--head-dims 64,128,256]
+
+Default: every dtype (float16, bfloat16, float32, float64) at head_dim 64 with full, causal and
+window (9, 5) + 3 sinks masks (Sq=77, Sk=93, GQA 2). With --head-dims, the half-precision kernels
+at those head_dims (128 and 256 keep Q in shared memory; 256 uses 16-key tiles): float16 causal
+and bfloat16 window + sinks.
+"""
+import argparse
+
 import cupy as cp
 import torch
 
 from numba_flash.cuda.launch import attention_cuda
 
-rng = cp.random.default_rng(3)
-for dtype in ("float16", "bfloat16", "float32", "float64"):
-    for causal, window, sinks in ((False, (-1, -1), 0), (True, (-1, -1), 0), (False, (9, 5), 3)):
-        shape_q, shape_k = (1, 77, 2, 64), (1, 93, 1, 64)
-        if dtype == "bfloat16":
-            q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16)
-            k, v = (torch.randn(shape_k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        else:
-            q = rng.standard_normal(shape_q, dtype=cp.float32).astype(dtype)
-            k, v = (rng.standard_normal(shape_k, dtype=cp.float32).astype(dtype) for _ in range(2))
-        attention_cuda(q, k, v, softmax_scale=0.125, causal=causal, window_size=window,
-                       sinks=sinks, return_lse=True)
-cp.cuda.runtime.deviceSynchronize()
-print("sanitize cases ran")
+
+def run(dtype, d, causal, window, sinks, rng):
+    shape_q, shape_k = (1, 77, 2, d), (1, 93, 1, d)
+    if dtype == "bfloat16":
+        q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(shape_k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    else:
+        q = rng.standard_normal(shape_q, dtype=cp.float32).astype(dtype)
+        k, v = (rng.standard_normal(shape_k, dtype=cp.float32).astype(dtype) for _ in range(2))
+    attention_cuda(q, k, v, softmax_scale=0.125, causal=causal, window_size=window, sinks=sinks,
+                   return_lse=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dims", default=None)
+    args = ap.parse_args()
+    rng = cp.random.default_rng(3)
+    if args.head_dims:
+        for d in (int(x) for x in args.head_dims.split(",")):
+            run("float16", d, True, (-1, -1), 0, rng)
+            run("bfloat16", d, False, (9, 5), 3, rng)
+    else:
+        for dtype in ("float16", "bfloat16", "float32", "float64"):
+            for causal, window, sinks in ((False, (-1, -1), 0), (True, (-1, -1), 0),
+                                          (False, (9, 5), 3)):
+                run(dtype, 64, causal, window, sinks, rng)
+    cp.cuda.runtime.deviceSynchronize()
+    print("sanitize cases ran")
+
+
+if __name__ == "__main__":
+    main()

@@ -112,11 +112,6 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     Q_CHUNK_ITERS = BM * CPR // MMA_THREADS
     QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM else (1, 4)
     NTHREADS = MMA_THREADS
-    # Register-pressure experiments (docs/perf-notes.md): NUMBA_FLASH_MMA_ORDERED=1 keeps every
-    # mma in program order with the fragment loads; NUMBA_FLASH_KK_RUNTIME=1 gives the Q K^T
-    # k-step loop (Q in smem only) a trip count the compiler cannot see, so it is not unrolled.
-    MMA_MODE = int(bool(is_bf16)) | (2 if os.environ.get("NUMBA_FLASH_MMA_ORDERED") == "1" else 0)
-    KK_RUNTIME = Q_SMEM and os.environ.get("NUMBA_FLASH_KK_RUNTIME") == "1"
     # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
     # an intrinsic object pickles differently in every process.
     BF16 = bool(is_bf16)
@@ -261,8 +256,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             # S = Q K^T: NS independent 16x8 accumulators per warp.
             for i in range(SF):
                 s[i] = np.float32(0.0)
-            n_ks = min(KS, heads_q * KS) if KK_RUNTIME else KS
-            for kk in range(n_ks):
+            for kk in range(KS):
                 if Q_SMEM:
                     a0, a1, a2, a3 = ldmatrix_x4(qs, warp * 16 + v_row, (kk * 8 + v_col) ^ swz)
                 else:
@@ -273,14 +267,14 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 for jj in range(NS // 2):
                     b0, b1, b2, b3 = ldmatrix_x4(ks, jj * 16 + k_row, (kk * 8 + k_col) ^ swz)
                     j = 2 * jj
-                    c0, c1, c2, c3 = mma16(MMA_MODE, a0, a1, a2, a3,
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3,
                                            b0, b1, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
                     s[j * 4] = c0
                     s[j * 4 + 1] = c1
                     s[j * 4 + 2] = c2
                     s[j * 4 + 3] = c3
                     j = 2 * jj + 1
-                    c0, c1, c2, c3 = mma16(MMA_MODE, a0, a1, a2, a3,
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3,
                                            b2, b3, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
                     s[j * 4] = c0
                     s[j * 4 + 1] = c1
@@ -372,14 +366,14 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 for dd in range(ND // 2):
                     b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, (dd * 8 + v_col) ^ swz)
                     dn = 2 * dd
-                    c0, c1, c2, c3 = mma16(MMA_MODE, a0, a1, a2, a3, b0, b1, acc[dn * 4], acc[dn * 4 + 1],
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b0, b1, acc[dn * 4], acc[dn * 4 + 1],
                                          acc[dn * 4 + 2], acc[dn * 4 + 3])
                     acc[dn * 4] = c0
                     acc[dn * 4 + 1] = c1
                     acc[dn * 4 + 2] = c2
                     acc[dn * 4 + 3] = c3
                     dn = 2 * dd + 1
-                    c0, c1, c2, c3 = mma16(MMA_MODE, a0, a1, a2, a3, b2, b3, acc[dn * 4], acc[dn * 4 + 1],
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b2, b3, acc[dn * 4], acc[dn * 4 + 1],
                                          acc[dn * 4 + 2], acc[dn * 4 + 3])
                     acc[dn * 4] = c0
                     acc[dn * 4 + 1] = c1

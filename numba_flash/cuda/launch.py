@@ -328,7 +328,8 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
     dtype among float16, bfloat16 (tensor cores, fp32 accumulation), float32, float64 (exact
     CUDA-core paths); any strides with a contiguous head_dim; head_dim in 32, 64, 96, 128, 256.
-    Returns out of the inputs' kind and dtype, (batch, seqlen_q, heads_q, head_dim) contiguous,
+    Returns out of the inputs' kind and dtype (a CuPy bfloat16 input gives a CuPy bfloat16
+    array), (batch, seqlen_q, heads_q, head_dim) contiguous,
     or (out, lse) with lse float32 (batch, heads_q, seqlen_q), natural-log, -inf for rows that
     see no key. Runs on ``stream`` or the caller's current stream (CuPy's, or PyTorch's for
     tensors); returns without synchronising.
@@ -450,7 +451,9 @@ class _nullcontext:
 
 
 class _BFloat16Array:
-    """bfloat16 output for generic ``__cuda_array_interface__`` inputs (CuPy has no bfloat16)."""
+    """bfloat16 output for generic ``__cuda_array_interface__`` inputs: the interface has no
+    bfloat16 type string, so ``storage`` (uint16 bits) is exposed with typestr ``<V2``. CuPy
+    bfloat16 inputs (CuPy >= 14) get a CuPy bfloat16 array instead, PyTorch ones a tensor."""
 
     def __init__(self, storage):
         self.storage = storage

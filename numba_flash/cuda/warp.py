@@ -46,12 +46,8 @@ if not SIMULATOR:
     _U32 = types.uint32
     _F32 = types.float32
 
-    def _mma_intrinsic(ptx_types: str, ordered: bool = False):
-        """An intrinsic for ``mma.sync.aligned.m16n8k16.row.col.f32.<ptx_types>.f32``.
-
-        ``ordered``: emitted as a side-effecting asm, so LLVM keeps it in program order with the
-        (side-effecting) ldmatrix loads instead of hoisting every fragment load of an unrolled
-        loop ahead of the products (which costs registers)."""
+    def _mma_intrinsic(ptx_types: str):
+        """An intrinsic for ``mma.sync.aligned.m16n8k16.row.col.f32.<ptx_types>.f32``."""
 
         @intrinsic
         def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -65,7 +61,7 @@ if not SIMULATOR:
                     fnty,
                     f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_types}.f32 "
                     "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
-                    "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=ordered)
+                    "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
                 res = builder.call(asm, args)
                 vals = [builder.extract_value(res, i) for i in range(4)]
                 return context.make_tuple(builder, sig.return_type, vals)
@@ -76,8 +72,6 @@ if not SIMULATOR:
 
     mma_f16 = _mma_intrinsic("f16.f16")
     mma_bf16 = _mma_intrinsic("bf16.bf16")
-    _mma_f16_ordered = _mma_intrinsic("f16.f16", True)
-    _mma_bf16_ordered = _mma_intrinsic("bf16.bf16", True)
 
     def _pack_intrinsic(ptx_type: str):
         """Two float32 -> one uint32 of two ``ptx_type`` values (round to nearest even)."""
@@ -185,14 +179,9 @@ if not SIMULATOR:
         return op
 
     @cuda.jit(device=True, inline=True)
-    def mma16(mode, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """``mma_bf16`` if ``mode & 1`` else ``mma_f16``; ``mode & 2``: the ordered variant.
-        ``mode`` is a compile-time constant at the call site (a bool works: bf16 flag)."""
-        if mode & 2:
-            if mode & 1:
-                return _mma_bf16_ordered(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-            return _mma_f16_ordered(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-        if mode & 1:
+    def mma16(is_bf16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """``mma_bf16`` if ``is_bf16`` (a compile-time constant at the call site) else ``mma_f16``."""
+        if is_bf16:
             return mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
         return mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
 
@@ -282,9 +271,9 @@ else:
         """D = A @ B + C for one warp; fragments as in the module docstring (bfloat16 inputs)."""
         return _collective((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _combine_bf16)
 
-    def mma16(mode, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """``mma_bf16`` if ``mode & 1`` else ``mma_f16`` (``mode & 2``, ordering, is moot here)."""
-        return (mma_bf16 if int(mode) & 1 else mma_f16)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+    def mma16(is_bf16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """``mma_bf16`` if ``is_bf16`` else ``mma_f16``."""
+        return (mma_bf16 if is_bf16 else mma_f16)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
 
     def pack16(is_bf16, lo, hi):
         """``pack_bf16`` if ``is_bf16`` else ``pack_f16``."""
