@@ -18,8 +18,8 @@ from numba_flash_reference.attention import check_softcap, check_softmax_scale
 from numba_flash_reference.masks import TreeMask, check_window_size
 
 from .arrays import describe_all
-from .validation import (SUPPORTED_DTYPES, _check_backend_value, _check_bool, _check_mask,
-                         _check_sinks, _resolve_backend)
+from .validation import (SUPPORTED_DTYPES, check_backend_value, check_bool, check_mask,
+                         check_sinks, resolve_backend)
 
 __all__ = ["decode", "decode_cpu", "gather_cache"]
 
@@ -164,12 +164,12 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
         arrays["block_table"] = block_table
     infos = describe_all(**arrays)
     kind = infos["q"].kind
-    backend = _check_backend_value(backend)
-    causal = _check_bool("causal", causal)
-    return_lse = _check_bool("return_lse", return_lse)
+    backend = check_backend_value(backend)
+    causal = check_bool("causal", causal)
+    return_lse = check_bool("return_lse", return_lse)
     window_size = check_window_size(window_size)
-    sinks = _check_sinks(sinks)
-    mask = _check_mask(mask)
+    sinks = check_sinks(sinks)
+    mask = check_mask(mask)
     softcap = check_softcap(softcap)
     num_splits = _check_num_splits(num_splits)
 
@@ -213,7 +213,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
     if cache_seqlens is not None:
         _check_int_array(infos["cache_seqlens"], "cache_seqlens", 1, (batch,), "(batch,)")
     softmax_scale = check_softmax_scale(softmax_scale, head_dim)
-    chosen = _resolve_backend(backend, kind, stream)
+    chosen = resolve_backend(backend, kind, stream)
     tree = mask if isinstance(mask, TreeMask) else None
     if chosen == "cuda":
         if mask is not None and tree is None:

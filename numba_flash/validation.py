@@ -16,7 +16,8 @@ from numba_flash_reference.masks import Mask, check_window_size, mask_from_flags
 
 from .arrays import describe, describe_all
 
-__all__ = ["Problem", "validate", "SUPPORTED_DTYPES", "BACKENDS", "cuda_simulator_enabled"]
+__all__ = ["Problem", "validate", "SUPPORTED_DTYPES", "BACKENDS", "cuda_simulator_enabled",
+           "check_bool", "check_sinks", "check_mask", "check_backend_value", "resolve_backend"]
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
 BACKENDS = ("auto", "cpu", "cuda")
@@ -74,14 +75,16 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not _is_bool(value)
 
 
-def _check_bool(name, value) -> bool:
+def check_bool(name, value) -> bool:
+    """``value`` as a bool; TypeError naming ``name`` unless it is a Python or NumPy bool."""
     if not _is_bool(value):
         raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} "
                         f"{value!r}")
     return bool(value)
 
 
-def _check_sinks(value) -> int:
+def check_sinks(value) -> int:
+    """``sinks`` (number of always-visible leading keys) as an int >= 0."""
     if not _is_int(value):
         raise TypeError(f"sinks must be an integer >= 0, got {type(value).__name__} {value!r}")
     if value < 0:
@@ -89,7 +92,8 @@ def _check_sinks(value) -> int:
     return int(value)
 
 
-def _check_mask(value) -> Mask | None:
+def check_mask(value) -> Mask | None:
+    """``mask``: None or a ``numba_flash.masks`` object (TypeError otherwise)."""
     if value is None or isinstance(value, Mask):
         return value
     raise TypeError(f"mask must be None or a mask object from numba_flash.masks (a subclass of "
@@ -97,14 +101,17 @@ def _check_mask(value) -> Mask | None:
                     f"matrix must be wrapped in a mask object first")
 
 
-def _check_backend_value(value) -> str:
+def check_backend_value(value) -> str:
+    """``backend``: one of "auto", "cpu", "cuda" (ValueError otherwise)."""
     if not isinstance(value, str) or value not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(repr(b) for b in BACKENDS)}, "
                          f"got {value!r}")
     return value
 
 
-def _resolve_backend(backend: str, kind: str, stream) -> str:
+def resolve_backend(backend: str, kind: str, stream) -> str:
+    """The backend that runs: "cpu" or "cuda", from the requested ``backend``, the arrays' ``kind``
+    ("numpy" or "cuda") and ``stream`` (CPU mode needs None); ValueError for impossible pairs."""
     if backend == "auto":
         chosen = "cpu" if kind == "numpy" else "cuda"
     elif backend == "cpu":
@@ -231,17 +238,17 @@ def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1),
         raise ValueError("max_seqlen_q / max_seqlen_k apply to packed batches only; pass "
                          "cu_seqlens_q and cu_seqlens_k too, or leave them None")
     kind = infos["q"].kind
-    backend = _check_backend_value(backend)
-    causal = _check_bool("causal", causal)
-    return_lse = _check_bool("return_lse", return_lse)
+    backend = check_backend_value(backend)
+    causal = check_bool("causal", causal)
+    return_lse = check_bool("return_lse", return_lse)
     window_size = check_window_size(window_size)
-    sinks = _check_sinks(sinks)
-    mask = _check_mask(mask)
+    sinks = check_sinks(sinks)
+    mask = check_mask(mask)
     softcap = check_softcap(softcap)
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = _check_shapes(infos)
     dtype = _check_dtypes(infos)
     softmax_scale = check_softmax_scale(softmax_scale, head_dim)
-    chosen = _resolve_backend(backend, kind, stream)
+    chosen = resolve_backend(backend, kind, stream)
     if kind == "cuda":
         _check_gpu_strides(infos)
     combined = mask_from_flags(causal, window_size, sinks, mask)
