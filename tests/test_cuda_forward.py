@@ -207,10 +207,15 @@ def test_non_contiguous_head_dim_raises():
         launch.attention_cuda(q[..., ::2], k[..., :32], v[..., :32], softmax_scale=0.1)
 
 
-def test_mask_object_not_implemented():
+def test_mask_mod_intersection_not_implemented():
+    """A mask_mod cannot be intersected with other mask objects on the GPU (the message says
+    so); a plain mask object runs (tests/test_cuda_masks.py checks its numbers)."""
+    from numba_flash import masks
+
     q, k, v = _bad_inputs(np.random.default_rng(0))
-    with pytest.raises(NotImplementedError, match="every mask on the GPU"):
-        launch.attention_cuda(q, k, v, softmax_scale=0.1, mask=CausalMask())
+    both = masks.mask_mod(lambda b, h, qi, kv: kv != qi) & CausalMask()
+    with pytest.raises(NotImplementedError, match="mask_mod cannot be intersected"):
+        launch.attention_cuda(q, k, v, softmax_scale=0.1, mask=both)
 
 
 def test_arrays_on_different_devices_raise(monkeypatch):

@@ -28,6 +28,8 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
+from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
+                      interval_visible, tile_class)
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
                    ldmatrix_x4_trans, mma16, pack16, shfl_xor)
 
@@ -41,9 +43,19 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
-def _jit(fn):
-    # On-disk caching: closures are cached per value of their cells (see launch.py).
-    return cuda.jit(fn) if SIMULATOR else cuda.jit(cache=True)(fn)
+def _jit(fn, cache=True):
+    # On-disk caching: closures are cached per value of their cells (see launch.py). A kernel
+    # holding a user's mask_mod is not cached on disk (its closure holds a dispatcher).
+    return cuda.jit(fn) if SIMULATOR or not cache else cuda.jit(cache=True)(fn)
+
+
+def _mask_mod_device(mask_mod):
+    if mask_mod is None:
+        return always_visible if SIMULATOR else _ALWAYS
+    return mask_mod if SIMULATOR else cuda.jit(device=True)(mask_mod)
+
+
+_ALWAYS = None if SIMULATOR else cuda.jit(device=True)(always_visible)
 
 
 def mma_block_n(head_dim: int) -> int:
@@ -82,12 +94,19 @@ def fma_block_n(head_dim: int, itemsize: int) -> int:
 
 
 def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
-                    has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int):
+                    has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int,
+                    mask_kind: int = NONE, varlen: bool = False, has_alibi: bool = False,
+                    mask_mod=None):
     """Build the tensor-core kernel for one configuration (all arguments compile-time).
 
     Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2,
-    cap_in, cap_out, window_left, window_right, sinks)``; q/k/v/out uint32 (B, S, H, D/2),
-    lse float32 (B, Hq, Sq); float scalars as float32. With softcap the base-2 score is
+    cap_in, cap_out, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k,
+    alibi)``; q/k/v/out uint32 (B, S, H, D/2), lse float32 (B, Hq, Sq); float scalars as float32.
+    Mask arrays (dummies when unused; see maskdev.py): mk_iv int32 (4, Sk) intervals, mk_mm int32
+    (8, n_ktiles) their min/max, mk_tab int8 (T, n_qtiles, n_ktiles) class table (T = 1 or
+    B * Hq), mk_bits uint32 bitmask words. ``varlen``: q/k/v/out are (1, total, H, D/2), lse
+    (1, Hq, total_q), sequence b owns rows cu_q[b]:cu_q[b+1] and keys cu_k[b]:cu_k[b+1].
+    ``has_alibi``: alibi float32 (B, Hq) slopes, ``-slope * |i - j|`` added after the softcap. With softcap the base-2 score is
     ``cap_out * tanh(cap_in * q.k)``, else ``scale_log2 * q.k``.
 
     Pipeline per key tile (FlashAttention-2's): wait for K, barrier, start the V copy
@@ -116,15 +135,34 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     # an intrinsic object pickles differently in every process.
     BF16 = bool(is_bf16)
     NEG_INF = -math.inf
+    KIND = int(mask_kind)
+    VARLEN = bool(varlen)
+    ALIBI = bool(has_alibi)
+    mod = _mask_mod_device(mask_mod)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
-               window_left, window_right, sinks):
+               window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
         n_qtiles = cuda.gridDim.x
         qtile = n_qtiles - 1 - cuda.blockIdx.x      # longest (causal) tiles first
         heads_q = q.shape[2]
         b = cuda.blockIdx.y // heads_q
         h = cuda.blockIdx.y % heads_q
         hk = h // heads_ratio
+        ab = b          # batch index into the arrays (0 for a packed batch)
+        q_off = 0       # first row of this sequence in q / out / lse, first key in k / v
+        k_off = 0
+        if VARLEN:
+            ab = 0
+            q_off = cu_q[b]
+            k_off = cu_k[b]
+            seqlen_q = int(cu_q[b + 1] - q_off)
+            seqlen_k = int(cu_k[b + 1] - k_off)
+            if qtile * BM >= seqlen_q:
+                return
+        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        slope = np.float32(0.0)
+        if ALIBI:
+            slope = alibi[b, h] * np.float32(LOG2E)
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -162,13 +200,13 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             x0 = zero_w
             x2 = zero_w
             if row0 < seqlen_q:
-                x0 = q[b, row0, h, w]
-                x2 = q[b, row0, h, w + 4]
+                x0 = q[ab, q_off + row0, h, w]
+                x2 = q[ab, q_off + row0, h, w + 4]
             x1 = zero_w
             x3 = zero_w
             if row1 < seqlen_q:
-                x1 = q[b, row1, h, w]
-                x3 = q[b, row1, h, w + 4]
+                x1 = q[ab, q_off + row1, h, w]
+                x3 = q[ab, q_off + row1, h, w + 4]
             qf[kk * 4 + 0] = x0
             qf[kk * 4 + 1] = x1
             qf[kk * 4 + 2] = x2
@@ -205,7 +243,15 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         l0 = np.float32(0.0)
         l1 = np.float32(0.0)
 
+        # Mask object: skip the tiles it masks entirely (never loaded), from the first on.
+        r_lo = qtile * BM
+        r_hi = min(r_lo + BM, seqlen_q)
         tile = first
+        if KIND != NONE:
+            while tile <= last and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 0:
+                tile += 1
+                if has_sinks and tile >= sink_tiles and tile < tile_lo:
+                    tile = tile_lo
         if tile <= last:
             if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
                 for it in range(Q_CHUNK_ITERS):
@@ -214,22 +260,27 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                     c = (i - r * CPR) * 4
                     qrow = qtile * BM + r
                     ok = qrow < seqlen_q
-                    cp_async16(qs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), q, b, qrow if ok else 0,
-                               h, c, 16 if ok else 0)
+                    cp_async16(qs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), q, ab,
+                               q_off + qrow if ok else 0, h, c, 16 if ok else 0)
             for it in range(CHUNK_ITERS):
                 i = it * NTHREADS + tid
                 r = i // CPR
                 c = (i - r * CPR) * 4
                 key = tile * BN + r
                 ok = key < seqlen_k
-                cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, b, key if ok else 0, hk, c,
-                           16 if ok else 0)
+                cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, ab,
+                           k_off + key if ok else 0, hk, c, 16 if ok else 0)
             cp_async_commit()
 
         while tile <= last:
             nxt = tile + 1
             if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
                 nxt = tile_lo
+            if KIND != NONE:
+                while nxt <= last and tile_class(KIND, mk_mm, mk_tab, tb, qtile, nxt, r_lo, r_hi) == 0:
+                    nxt += 1
+                    if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
+                        nxt = tile_lo
             in_window = tile >= tile_lo and tile <= tile_hi
             k0 = tile * BN
             # Is every (row, key) pair of this tile visible? Then no per-element mask.
@@ -240,6 +291,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 full = full and k0 + BN - 1 <= q_lo + window_right
             if has_sinks:
                 full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
+            if KIND != NONE:
+                full = full and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 2
 
             cp_async_wait_all()
             cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
@@ -249,8 +302,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 c = (i - r * CPR) * 4
                 key = k0 + r
                 ok = key < seqlen_k
-                cp_async16(vs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), v, b, key if ok else 0, hk, c,
-                           16 if ok else 0)
+                cp_async16(vs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), v, ab,
+                           k_off + key if ok else 0, hk, c, 16 if ok else 0)
             cp_async_commit()
 
             # S = Q K^T: NS independent 16x8 accumulators per warp.
@@ -290,11 +343,13 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                         x = cap_out * math.tanh(cap_in * x)
                     else:
                         x = x * scale_log2
+                    kpos = k0 + j * 8 + 2 * t + (e & 1)
+                    qpos = qpos0
+                    if e >= 2:
+                        qpos = qpos1
+                    if ALIBI:
+                        x -= slope * abs(qpos - kpos)
                     if not full:
-                        kpos = k0 + j * 8 + 2 * t + (e & 1)
-                        qpos = qpos0
-                        if e >= 2:
-                            qpos = qpos1
                         vis = True
                         if has_left:
                             vis = kpos >= qpos - window_left
@@ -302,6 +357,14 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                             vis = vis and kpos <= qpos + window_right
                         if has_sinks:
                             vis = vis or (kpos < sinks and kpos <= qpos)
+                        row = qpos - offset
+                        if KIND != NONE and vis and kpos < seqlen_k and row < seqlen_q:
+                            if KIND == INTERVALS:
+                                vis = interval_visible(mk_iv, row, kpos)
+                            elif KIND == BITMASK:
+                                vis = bit_visible(mk_bits, row, kpos)
+                            else:
+                                vis = mod(b, h, qpos, kpos)
                         if kpos >= seqlen_k or not vis:
                             x = np.float32(NEG_INF)
                     s[j * 4 + e] = x
@@ -353,8 +416,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                     c = (i - r * CPR) * 4
                     key = nxt * BN + r
                     ok = key < seqlen_k
-                    cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, b, key if ok else 0, hk,
-                               c, 16 if ok else 0)
+                    cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, ab,
+                               k_off + key if ok else 0, hk, c, 16 if ok else 0)
                 cp_async_commit()
 
             # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits.
@@ -393,24 +456,30 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             inv1 = np.float32(1.0) / l1
         if row0 < seqlen_q:
             for dn in range(ND):
-                out[b, row0, h, dn * 4 + t] = pack16(BF16, acc[dn * 4] * inv0, acc[dn * 4 + 1] * inv0)
+                out[ab, q_off + row0, h, dn * 4 + t] = pack16(BF16, acc[dn * 4] * inv0,
+                                                              acc[dn * 4 + 1] * inv0)
             if write_lse and t == 0:
-                lse[b, h, row0] = (m0 + math.log2(l0)) * LN2 if l0 > 0 else NEG_INF
+                lse[ab, h, q_off + row0] = (m0 + math.log2(l0)) * LN2 if l0 > 0 else NEG_INF
         if row1 < seqlen_q:
             for dn in range(ND):
-                out[b, row1, h, dn * 4 + t] = pack16(BF16, acc[dn * 4 + 2] * inv1, acc[dn * 4 + 3] * inv1)
+                out[ab, q_off + row1, h, dn * 4 + t] = pack16(BF16, acc[dn * 4 + 2] * inv1,
+                                                              acc[dn * 4 + 3] * inv1)
             if write_lse and t == 0:
-                lse[b, h, row1] = (m1 + math.log2(l1)) * LN2 if l1 > 0 else NEG_INF
+                lse[ab, h, q_off + row1] = (m1 + math.log2(l1)) * LN2 if l1 > 0 else NEG_INF
 
-    return _jit(kernel)
+    return _jit(kernel, cache=mask_mod is None)
 
 
 def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
-                    has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int):
+                    has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int,
+                    mask_kind: int = NONE, varlen: bool = False, has_alibi: bool = False,
+                    mask_mod=None):
     """Build the exact CUDA-core kernel (float32 or float64) for one configuration.
 
     Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in,
-    cap_out, window_left, window_right, sinks)``; q/k/v/out in the working dtype (B, S, H, D),
+    cap_out, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k,
+    alibi)`` (mask, varlen and alibi arguments as in ``make_mma_kernel``); q/k/v/out in the
+    working dtype (B, S, H, D),
     lse float32 (B, Hq, Sq). Scores are natural-log: ``scale * q.k``, or with softcap
     ``cap_out * tanh(cap_in * q.k)``. One thread per query row, 64 rows per block.
     """
@@ -420,9 +489,13 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
     npdt = np.float64 if is_f64 else np.float32
     ITEMS = BN * D
     NEG_INF = -math.inf
+    KIND = int(mask_kind)
+    VARLEN = bool(varlen)
+    ALIBI = bool(has_alibi)
+    mod = _mask_mod_device(mask_mod)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
-               window_left, window_right, sinks):
+               window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
         n_qtiles = cuda.gridDim.x
         qtile = n_qtiles - 1 - cuda.blockIdx.x
         heads_q = q.shape[2]
@@ -430,6 +503,21 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         h = cuda.blockIdx.y % heads_q
         hk = h // heads_ratio
         tid = cuda.threadIdx.x
+        ab = b
+        q_off = 0
+        k_off = 0
+        if VARLEN:
+            ab = 0
+            q_off = cu_q[b]
+            k_off = cu_k[b]
+            seqlen_q = int(cu_q[b + 1] - q_off)
+            seqlen_k = int(cu_k[b + 1] - k_off)
+            if qtile * BM >= seqlen_q:
+                return
+        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        slope = npdt(0.0)
+        if ALIBI:
+            slope = npdt(alibi[b, h])
 
         ks = cuda.shared.array((BN, D), dt)
         vs = cuda.shared.array((BN, D), dt)
@@ -443,7 +531,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         for d in range(D):
             x = npdt(0.0)
             if row < seqlen_q:
-                x = q[b, row, h, d]
+                x = q[ab, q_off + row, h, d]
             qr[d] = x
             acc[d] = npdt(0.0)
 
@@ -472,9 +560,13 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
 
         m = npdt(NEG_INF)
         l = npdt(0.0)
+        r_lo = qtile * BM
+        r_hi = min(r_lo + BM, seqlen_q)
         for tile in range(first, last + 1):
             in_window = tile >= tile_lo and tile <= tile_hi
             if has_sinks and not in_window and tile >= sink_tiles:
+                continue
+            if KIND != NONE and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 0:
                 continue
             k0 = tile * BN
             cuda.syncthreads()
@@ -487,8 +579,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                     x = npdt(0.0)
                     y = npdt(0.0)
                     if key < seqlen_k:
-                        x = k[b, key, hk, c]
-                        y = v[b, key, hk, c]
+                        x = k[ab, k_off + key, hk, c]
+                        y = v[ab, k_off + key, hk, c]
                     ks[r, c] = x
                     vs[r, c] = y
             cuda.syncthreads()
@@ -527,6 +619,15 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                     wv = wv and kpos <= qpos + window_right
                 if has_sinks:
                     wv = wv or (kpos < sinks and kpos <= qpos)
+                if ALIBI:
+                    x -= slope * abs(qpos - kpos)
+                if KIND != NONE and vis and wv and row < seqlen_q:
+                    if KIND == INTERVALS:
+                        wv = interval_visible(mk_iv, row, kpos)
+                    elif KIND == BITMASK:
+                        wv = bit_visible(mk_bits, row, kpos)
+                    else:
+                        wv = mod(b, h, qpos, kpos)
                 if not (vis and wv):
                     x = npdt(NEG_INF)
                 p[j] = x
@@ -552,8 +653,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
             if l > 0:
                 inv = npdt(1.0) / l
             for d in range(D):
-                out[b, row, h, d] = acc[d] * inv
+                out[ab, q_off + row, h, d] = acc[d] * inv
             if write_lse:
-                lse[b, h, row] = m + math.log(l) if l > 0 else NEG_INF
+                lse[ab, h, q_off + row] = m + math.log(l) if l > 0 else NEG_INF
 
-    return _jit(kernel)
+    return _jit(kernel, cache=mask_mod is None)

@@ -26,7 +26,8 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from . import forward
+from . import forward, maskdev
+from .maskplan import dummy_arrays, plan_mask
 from .warp import SIMULATOR
 
 if not SIMULATOR:  # already imported by numba.cuda's dispatcher on a real GPU
@@ -100,8 +101,9 @@ def _pointer_device(ptr: int):
         return None
 
 
-def _check_gpu_inputs(q, k, v):
-    """GPU-specific checks; returns (kind, dtype name, device id)."""
+def _check_gpu_inputs(q, k, v, lead: bool = False):
+    """GPU-specific checks (``lead``: packed varlen arrays, checked as batch 1); returns (kind,
+    dtype name, device id)."""
     kinds = [_array_kind(x) for x in (q, k, v)]
     if len(set(kinds)) != 1:
         raise TypeError(f"q, k, v must be the same kind of array, got {kinds}")
@@ -117,6 +119,8 @@ def _check_gpu_inputs(q, k, v):
     devices = []
     for name, x in (("q", q), ("k", k), ("v", v)):
         ptr, shape, strides, itemsize, device = _interface(x, kind)
+        if lead:
+            shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
         if len(shape) != 4:
             raise ValueError(f"{name} must have 4 dimensions (batch, seqlen, heads, head_dim), "
                              f"got shape {shape}")
@@ -128,7 +132,7 @@ def _check_gpu_inputs(q, k, v):
     if len(known) > 1:
         raise ValueError(f"q, k, v must be on one device, got devices q {devices[0]}, "
                          f"k {devices[1]}, v {devices[2]}")
-    head_dim = q.shape[3]
+    head_dim = q.shape[-1]
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} on the GPU, got {head_dim} "
                          "(pad q, k, v with zeros to the next supported size: zero columns change "
@@ -136,15 +140,19 @@ def _check_gpu_inputs(q, k, v):
     return kind, names[0], (known.pop() if known else None)
 
 
-def _kernel_array(x, kind: str, as_words: bool):
-    """The array the kernel reads: x itself, or a uint32 view of pairs along head_dim."""
+def _kernel_array(x, kind: str, as_words: bool, lead: bool = False):
+    """The array the kernel reads: x itself, or a uint32 view of pairs along head_dim; with
+    ``lead`` a leading axis of length 1 is added (packed varlen arrays seen as batch 1)."""
     if kind == "numpy":
         # The simulator copies plain ndarrays and insists on contiguity; its own array wrapper
         # shares the memory with any strides.
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
+        x = x[None] if lead else x
         return FakeCUDAArray(x.view(np.uint32) if as_words else x)
     ptr, shape, strides, itemsize, _ = _interface(x, kind)
+    if lead:
+        shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
     if as_words:
         shape, strides = _as_words(ptr, shape, strides)
         typestr = "<u4"
@@ -216,6 +224,14 @@ def _resolve_stream(stream, kind: str, like):
     return cuda.external_stream(handle) if handle else cuda.default_stream()
 
 
+def tile_shape(dtype_name: str, head_dim: int) -> tuple[int, int]:
+    """(block_m, block_n) of the kernel for this dtype and head_dim (what tile tables use)."""
+    if dtype_name in _HALF_NAMES:
+        return forward.MMA_BLOCK_M, forward.mma_block_n(head_dim)
+    itemsize = 8 if _FULL_NAMES[dtype_name] else 4
+    return forward.FMA_BLOCK_M, forward.fma_block_n(head_dim, itemsize)
+
+
 def _raw_stream_handle(stream, kind: str, like):
     """The caller's stream as an int handle (0: legacy default), or a Numba stream object."""
     if stream is not None:
@@ -269,6 +285,20 @@ def _flat_array(ptr, shape, strides, itemsize):
     return ("C" if contiguous else "A"), [0, 0, size, itemsize, ptr, *shape, *strides]
 
 
+# The mask, varlen and alibi arguments of a plain launch: never read (compile-time off), passed
+# as null arrays; (Numba type, flattened parameters) each, in kernel order.
+_UNUSED_MASK_ARGS = (
+    (types.Array(types.int32, 2, "C"), [0, 0, 4, 4, 0, 4, 1, 4, 4]),            # mk_iv (4, 1)
+    (types.Array(types.int32, 2, "C"), [0, 0, 8, 4, 0, 8, 1, 4, 4]),            # mk_mm (8, 1)
+    (types.Array(types.int8, 3, "C"), [0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1]),       # mk_tab (1, 1, 1)
+    (types.Array(types.uint32, 2, "C"), [0, 0, 1, 4, 0, 1, 1, 4, 4]),           # mk_bits (1, 1)
+    (types.Array(types.int32, 1, "C"), [0, 0, 2, 4, 0, 2, 4]),                  # cu_q (2,)
+    (types.Array(types.int32, 1, "C"), [0, 0, 2, 4, 0, 2, 4]),                  # cu_k (2,)
+    (types.Array(types.float32, 2, "C"), [0, 0, 1, 4, 0, 1, 1, 4, 4]),          # alibi (1, 1)
+)
+_UNUSED_MASK_TYPES = tuple(t for t, _ in _UNUSED_MASK_ARGS) if not SIMULATOR else ()
+
+
 def _launcher(key, kern, elem, fdt, layouts, device_id):
     """Compile (or load) the kernel for these array layouts once; (cuda.core kernel, scalar
     ctypes types) for direct launches."""
@@ -279,7 +309,7 @@ def _launcher(key, kern, elem, fdt, layouts, device_id):
         arrays.append(types.Array(types.float32, 3, layouts[4]))
         fty = types.float64 if fdt is np.float64 else types.float32
         sig = types.void(*arrays, types.int64, types.int64, types.int64, fty, fty, fty,
-                         types.int64, types.int64, types.int64)
+                         types.int64, types.int64, types.int64, *_UNUSED_MASK_TYPES)
         kobj = kern.compile(sig)
         cfloat = ctypes.c_double if fdt is np.float64 else ctypes.c_float
         entry = _LAUNCHERS[lkey] = (kobj._codelibrary.get_cufunc().kernel, cfloat)
@@ -294,21 +324,22 @@ def _launch_config(grid, threads):
 
 
 def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
-               has_softcap: bool, write_lse: bool):
+               has_softcap: bool, write_lse: bool, mask_kind: int = maskdev.NONE,
+               varlen: bool = False, has_alibi: bool = False, mask_mod=None):
     """The (cached) kernel and its launch geometry (block_m, threads) for one configuration."""
-    key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse)
+    key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
+           mask_kind, varlen, has_alibi, mask_mod)
     entry = _KERNELS.get(key)
     if entry is None:
+        extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod)
+        _, block_n = tile_shape(dtype_name, head_dim)
         if dtype_name in _HALF_NAMES:
             kern = forward.make_mma_kernel(head_dim, _HALF_NAMES[dtype_name], has_left, has_right,
-                                           has_sinks, has_softcap, write_lse,
-                                           forward.mma_block_n(head_dim))
+                                           has_sinks, has_softcap, write_lse, block_n, **extra)
             entry = (kern, forward.MMA_BLOCK_M, forward.MMA_THREADS)
         else:
-            itemsize = 8 if _FULL_NAMES[dtype_name] else 4
             kern = forward.make_fma_kernel(head_dim, _FULL_NAMES[dtype_name], has_left, has_right,
-                                           has_sinks, has_softcap, write_lse,
-                                           forward.fma_block_n(head_dim, itemsize))
+                                           has_sinks, has_softcap, write_lse, block_n, **extra)
             entry = (kern, forward.FMA_BLOCK_M, forward.FMA_BLOCK_M)
         _KERNELS[key] = entry
     return entry
@@ -322,7 +353,8 @@ def compiled_kernel_count() -> int:
 
 
 def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, window_size=(-1, -1),
-                   sinks: int = 0, mask=None, softcap=None, return_lse: bool = False, stream=None):
+                   sinks: int = 0, mask=None, softcap=None, return_lse: bool = False, stream=None,
+                   alibi_slopes=None, varlen=None):
     """FlashAttention forward on the GPU (or Numba's simulator for NumPy inputs).
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
@@ -333,14 +365,21 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     or (out, lse) with lse float32 (batch, heads_q, seqlen_q), natural-log, -inf for rows that
     see no key. Runs on ``stream`` or the caller's current stream (CuPy's, or PyTorch's for
     tensors); returns without synchronising.
+
+    mask: a ``numba_flash.masks`` object, intersected with the flags: column intervals when it
+    has them (tile classes from their min/max on the device), else the packed bitmask with a
+    device-built class table; a ``masks.mask_mod`` is compiled into the kernel (see maskplan.py).
+    alibi_slopes: float32 (Hq,) or (B, Hq) on the device. varlen: a ``numba_flash.varlen.Varlen``
+    (q (total_q, Hq, D), k / v (total_k, Hkv, D); out the same, lse (Hq, total_q)).
     """
-    if mask is not None:
-        raise NotImplementedError(f"mask objects ({type(mask).__name__}) are not supported on the "
-                                  "GPU yet: see the issue 'every mask on the GPU'; use causal / "
-                                  "window_size / sinks, or backend='cpu'")
-    kind, dtype_name, device = _check_gpu_inputs(q, k, v)
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    _, seqlen_k, heads_kv, _ = k.shape
+    kind, dtype_name, device = _check_gpu_inputs(q, k, v, lead=varlen is not None)
+    if varlen is not None:
+        total_q, heads_q, head_dim = q.shape
+        heads_kv = k.shape[1]
+        batch, seqlen_q, seqlen_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
+    else:
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        _, seqlen_k, heads_kv, _ = k.shape
     left, right = (int(w) for w in window_size)
     if causal:
         right = 0 if right < 0 else min(right, 0)
@@ -349,22 +388,44 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     has_softcap = softcap is not None and float(softcap) > 0
     half = dtype_name in _HALF_NAMES
 
-    out = _empty_like_kind(kind, q, (batch, seqlen_q, heads_q, head_dim), dtype_name)
-    lse = _empty_like_kind(kind, q, (batch, heads_q, seqlen_q), "float32") if return_lse else None
-    if _FAST_LAUNCH and batch * seqlen_q * heads_q > 0:
+    lead = varlen is not None
+    out_shape = tuple(q.shape) if lead else (batch, seqlen_q, heads_q, head_dim)
+    lse_shape = (heads_q, q.shape[0]) if lead else (batch, heads_q, seqlen_q)
+    out = _empty_like_kind(kind, q, out_shape, dtype_name)
+    lse = _empty_like_kind(kind, q, lse_shape, "float32") if return_lse else None
+    if varlen is not None and (out.size if kind != "torch" else out.numel()):
+        out[...] = 0  # rows of sequences without keys or with no visible key stay 0
+        if return_lse:
+            lse[...] = -np.inf
+    plain = mask is None and alibi_slopes is None and varlen is None
+    if plain and _FAST_LAUNCH and batch * seqlen_q * heads_q > 0:
         _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
                      heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
                      (left, right, int(sinks)), (has_left, has_right, has_sinks), stream)
-    elif out.size if kind != "torch" else out.numel():
+    elif (out.size if kind != "torch" else out.numel()) and batch and seqlen_q:
         if kind == "numpy" and not return_lse:
             lse_arg = np.empty((1, 1, 1), dtype=np.float32)
         elif not return_lse:
             lse_arg = cuda.device_array((1, 1, 1), dtype=np.float32) if not SIMULATOR else \
                 np.empty((1, 1, 1), dtype=np.float32)
         else:
-            lse_arg = _kernel_array(lse, kind, False)
+            lse_arg = _kernel_array(lse, kind, False, lead)
+        launch_stream = _resolve_stream(stream, kind, q)
+        block_m, block_n = tile_shape(dtype_name, head_dim)
+        plan = plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, block_m, block_n,
+                         varlen is not None, launch_stream)
+        dummies = dummy_arrays()
+        has_alibi = alibi_slopes is not None
         kern, block_m, threads = kernel_for(dtype_name, head_dim, has_left, has_right, has_sinks,
-                                            has_softcap, return_lse)
+                                            has_softcap, return_lse, plan.kind, lead, has_alibi,
+                                            plan.mask_mod)
+        extra = [plan.iv, plan.mm, plan.table, plan.bits]
+        if varlen is not None:
+            extra += [_kernel_array(varlen.cu_q, kind, False), _kernel_array(varlen.cu_k, kind, False)]
+        else:
+            extra += [dummies.cu, dummies.cu]
+        extra.append(_alibi_array(alibi_slopes, kind, batch, heads_q) if has_alibi
+                     else dummies.alibi)
         scale = float(softmax_scale)
         log2e = 1.0 / math.log(2.0)
         cap = float(softcap) if has_softcap else 1.0
@@ -374,19 +435,33 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         else:
             fdt = np.float64 if _FULL_NAMES[dtype_name] else np.float32
             scalars = (fdt(scale), fdt(scale / cap), fdt(cap))
-        args = [_kernel_array(x, kind, half) for x in (q, k, v, out)]
+        args = [_kernel_array(x, kind, half, lead) for x in (q, k, v, out)]
         grid = ((seqlen_q + block_m - 1) // block_m, batch * heads_q)
-        launch_stream = _resolve_stream(stream, kind, q)
         ctx = _nullcontext()
         if device is not None and not SIMULATOR and device != cuda.get_current_device().id:
             ctx = cuda.gpus[device]
         with ctx:
             kern[grid, threads, launch_stream](*args, lse_arg, seqlen_q, seqlen_k,
                                                heads_q // heads_kv, *scalars, left, right,
-                                               int(sinks))
+                                               int(sinks), *extra)
     if kind == "cai" and dtype_name == "bfloat16":
         out = _BFloat16Array(out)
     return (out, lse) if return_lse else out
+
+
+def _alibi_array(slopes, kind: str, batch: int, heads_q: int):
+    """ALiBi slopes as a (batch, heads_q) float32 kernel array (a (heads_q,) vector broadcast)."""
+    if kind == "numpy":
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(np.ascontiguousarray(np.broadcast_to(
+            np.asarray(slopes, dtype=np.float32), (batch, heads_q))))
+    ptr, shape, strides, _, _ = _interface(slopes, kind)
+    if len(shape) == 1:
+        shape, strides = (batch,) + tuple(shape), (0,) + tuple(strides)
+    desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": "<f4",
+            "data": (ptr, False), "version": 3, "stream": None}
+    return cuda.from_cuda_array_interface(desc, owner=slopes, sync=False)
 
 
 def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, heads_ratio,
@@ -435,6 +510,8 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
     params.extend((c64(seqlen_q), c64(seqlen_k), c64(heads_ratio)))
     params.extend(cfloat(x) for x in scalars)
     params.extend(c64(w) for w in window)
+    for _, flat in _UNUSED_MASK_ARGS:
+        params.extend(flat)
     batch_heads = arrays[0].shape[0] * arrays[0].shape[2]
     grid = ((seqlen_q + block_m - 1) // block_m, batch_heads)
     with ctx:

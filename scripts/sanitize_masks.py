@@ -1,0 +1,42 @@
+"""Small masked cases of the forward kernels, for compute-sanitizer (memcheck, racecheck) on a GPU.
+
+    compute-sanitizer --tool memcheck --report-api-errors no python scripts/sanitize_masks.py
+
+Sq = 77, Sk = 93 (bottom-right aligned, ragged last tiles), GQA 2, head_dim 64, float16 and
+float32 kernels, with each mask encoding: column intervals (causal document), packed bitmask
+(a BFS-ordered tree), a compiled mask_mod reading a captured array; then ALiBi, a packed
+(cu_seqlens) batch with an empty sequence, and one unmasked causal case for comparison.
+"""
+import cupy as cp
+import numpy as np
+
+import numba_flash
+from numba_flash import masks
+
+
+def main():
+    rng = cp.random.default_rng(3)
+    q = rng.standard_normal((1, 77, 2, 64), dtype=cp.float32)
+    k, v = (rng.standard_normal((1, 93, 1, 64), dtype=cp.float32) for _ in range(2))
+    doc = np.repeat(np.arange(3), [30, 33, 30]).astype(np.int32)
+    cases = [("intervals", dict(mask=masks.causal_document([30, 33, 30]))),
+             ("bitmask", dict(mask=masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], 84))),
+             ("mask_mod", dict(mask=masks.mask_mod(lambda b, h, qi, kv: doc[qi] == doc[kv]))),
+             ("alibi", dict(causal=True, alibi_slopes=cp.asarray([0.25, 0.0625], cp.float32))),
+             ("none", dict(causal=True))]
+    for dt in (cp.float16, cp.float32):
+        for name, kw in cases:
+            numba_flash.attention(q.astype(dt), k.astype(dt), v.astype(dt), return_lse=True, **kw)
+            print("ran", name, np.dtype(dt).name, flush=True)
+        cu_q = cp.asarray([0, 40, 40, 77], cp.int32)
+        cu_k = cp.asarray([0, 50, 53, 93], cp.int32)
+        numba_flash.attention(q[0].astype(dt), k[0].astype(dt), v[0].astype(dt), causal=True,
+                              cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40,
+                              max_seqlen_k=50, return_lse=True)
+        print("ran varlen", np.dtype(dt).name, flush=True)
+    cp.cuda.runtime.deviceSynchronize()
+    print("mask sanitize cases ran")
+
+
+if __name__ == "__main__":
+    main()
