@@ -73,9 +73,10 @@ def _to_host(x):
     return cp.asnumpy(x)
 
 
-def naive_same_dtype(q, k, v, scale, visible, softcap=None):
+def naive_same_dtype(q, k, v, scale, visible, softcap=None, bias=None):
     """Dense attention in the inputs' precision: float32/float64 computed in that dtype;
-    float16/bfloat16 with float32 arithmetic and scores, probabilities and output rounded to it."""
+    float16/bfloat16 with float32 arithmetic and scores, probabilities and output rounded to it.
+    ``bias``: float64 added to the scores after the softcap, broadcast to (B, Hq, Sq, Sk)."""
     dt = q.dtype
     work = np.float64 if dt == np.float64 else np.float32
     b, sq, hq, d = q.shape
@@ -85,6 +86,8 @@ def naive_same_dtype(q, k, v, scale, visible, softcap=None):
     s = np.einsum("bqhd,bkhd->bhqk", q.astype(work), kk) * work(scale)
     if softcap:
         s = work(softcap) * np.tanh(s / work(softcap))
+    if bias is not None:
+        s = s + bias.astype(work)
     s = s.astype(dt).astype(work)
     s = np.where(visible, s, work(-np.inf))
     m = s.max(axis=-1, keepdims=True)
