@@ -4,7 +4,8 @@
 #   (b) compute-sanitizer memcheck + racecheck on scripts/sanitize_masks.py (masked and unmasked),
 #   (c) the headline forward benchmark (fp16 (4,16,4096,128), full and causal; no-regression check),
 #   (d) scripts/gpu_studies.sh, (e) scripts/bench_masks.py while time is left.
-# Every step has its own time limit; logs go to $OUT (tee), so a cut-off call still returns them.
+# Every step has its own time limit; logs go to $OUT and are packed into logs.tar.gz at the end
+# (the device tool returns at most 8 files).
 #   BUDGET=400 bash scripts/gpu_masks_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,3 +53,5 @@ if [ "$(left)" -gt 40 ]; then
     --json "$OUT/bench_masks_set.json" 2>&1 | tee "$OUT/bench_masks_set.log" | tail -14
 fi
 echo "=== done $(date +%T)"
+# The device tool returns at most 8 files: the logs travel as one archive.
+(cd "$OUT" && tar czf logs.tar.gz ./*.log device.txt bench_forward.png 2>/dev/null && rm -f ./*.log device.txt bench_forward.png)
