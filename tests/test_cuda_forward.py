@@ -305,6 +305,28 @@ def test_gpu_cupy_bfloat16_in_and_out():
     assert np.abs(cp.asnumpy(lse) - ref_lse).max() <= 1e-5 * np.abs(ref_lse).max()
 
 
+class _BareBFloat16:
+    """A GPU buffer exposing bfloat16 only as a "<V2" __cuda_array_interface__ (as ml_dtypes/JAX do)."""
+
+    def __init__(self, words):
+        self.storage, self.shape, self.dtype = words, tuple(words.shape), np.dtype("V2")
+        self.__cuda_array_interface__ = dict(words.__cuda_array_interface__, typestr="<V2")
+
+
+@gpu
+def test_gpu_bare_interface_bfloat16():
+    """bfloat16 reached only through a "<V2" interface runs as bfloat16 and comes back as such."""
+    rng = np.random.default_rng(11)
+    q, k, v = (_random(rng, s, "bfloat16") for s in ((1, 40, 2, 64), (1, 50, 1, 64), (1, 50, 1, 64)))
+    args = [_BareBFloat16(cp.asarray(x.view(np.uint16))) for x in (q, k, v)]
+    out = launch.attention_cuda(*args, softmax_scale=0.125, causal=True)
+    assert out.__cuda_array_interface__["typestr"] == "<V2" and tuple(out.shape) == q.shape
+    host = cp.asnumpy(cp.asarray(out.storage)).view(np.uint16).view(BF16).astype(np.float64)
+    ref = reference(q, k, v, softmax_scale=0.125, causal=True)
+    naive = naive_same_dtype(q, k, v, 0.125, visible_matrix(40, 50, causal=True))
+    assert np.abs(host - ref).max() <= 2 * np.abs(naive - ref).max() + ATOL["bfloat16"]
+
+
 @gpu
 def test_gpu_fast_launch_matches_dispatcher(monkeypatch):
     """The direct cuda.core launch gives bitwise the result of the dispatcher launch."""

@@ -63,10 +63,14 @@ def _array_kind(x) -> str:
 
 
 def _dtype_name(x) -> str:
-    dt = x.dtype
     if type(x).__module__.split(".")[0] == "torch":
-        return str(dt).replace("torch.", "")
-    return np.dtype(dt).name
+        return str(x.dtype).replace("torch.", "")
+    name = np.dtype(x.dtype).name if hasattr(x, "dtype") else "void16"
+    if name == "void16":  # a bare "<V2" interface: bfloat16, as numba_flash.arrays reads it
+        from ..arrays import describe
+
+        name = describe(x, "array").dtype.name
+    return name
 
 
 def _interface(x, kind: str):
