@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from numba_flash_reference.attention import check_softcap, check_softmax_scale
-from numba_flash_reference.masks import TreeMask, check_window_size
+from numba_flash_reference.attention import check_softmax_scale
+from numba_flash_reference.masks import TreeMask
 
 from .arrays import describe_all
-from .validation import (SUPPORTED_DTYPES, check_backend_value, check_bool, check_mask,
-                         check_sinks, resolve_backend)
+from .validation import SUPPORTED_DTYPES, check_options, resolve_backend
 
 __all__ = ["decode", "decode_cpu", "gather_cache"]
 
@@ -164,13 +163,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
         arrays["block_table"] = block_table
     infos = describe_all(**arrays)
     kind = infos["q"].kind
-    backend = check_backend_value(backend)
-    causal = check_bool("causal", causal)
-    return_lse = check_bool("return_lse", return_lse)
-    window_size = check_window_size(window_size)
-    sinks = check_sinks(sinks)
-    mask = check_mask(mask)
-    softcap = check_softcap(softcap)
+    backend, causal, return_lse, window_size, sinks, mask, softcap = check_options(
+        backend=backend, causal=causal, return_lse=return_lse, window_size=window_size,
+        sinks=sinks, mask=mask, softcap=softcap)
     num_splits = _check_num_splits(num_splits)
 
     qi, ki, vi = infos["q"], infos["k_cache"], infos["v_cache"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -17,7 +18,8 @@ from numba_flash_reference.masks import Mask, check_window_size, mask_from_flags
 from .arrays import describe, describe_all
 
 __all__ = ["Problem", "validate", "SUPPORTED_DTYPES", "BACKENDS", "cuda_simulator_enabled",
-           "check_bool", "check_sinks", "check_mask", "check_backend_value", "resolve_backend"]
+           "check_bool", "check_sinks", "check_mask", "check_backend_value", "resolve_backend",
+           "Options", "check_options"]
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
 BACKENDS = ("auto", "cpu", "cuda")
@@ -107,6 +109,25 @@ def check_backend_value(value) -> str:
         raise ValueError(f"backend must be one of {', '.join(repr(b) for b in BACKENDS)}, "
                          f"got {value!r}")
     return value
+
+
+class Options(NamedTuple):
+    """The options ``attention`` and ``decode`` share, checked and normalised."""
+    backend: str
+    causal: bool
+    return_lse: bool
+    window_size: tuple
+    sinks: int
+    mask: Mask | None
+    softcap: float | None
+
+
+def check_options(*, backend, causal, return_lse, window_size, sinks, mask, softcap) -> Options:
+    """Check the shared options (TypeError/ValueError naming the argument); return them
+    normalised: window_size as two ints, softcap None for "off" (None or 0.0)."""
+    return Options(check_backend_value(backend), check_bool("causal", causal),
+                   check_bool("return_lse", return_lse), check_window_size(window_size),
+                   check_sinks(sinks), check_mask(mask), check_softcap(softcap))
 
 
 def resolve_backend(backend: str, kind: str, stream) -> str:
@@ -238,13 +259,9 @@ def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1),
         raise ValueError("max_seqlen_q / max_seqlen_k apply to packed batches only; pass "
                          "cu_seqlens_q and cu_seqlens_k too, or leave them None")
     kind = infos["q"].kind
-    backend = check_backend_value(backend)
-    causal = check_bool("causal", causal)
-    return_lse = check_bool("return_lse", return_lse)
-    window_size = check_window_size(window_size)
-    sinks = check_sinks(sinks)
-    mask = check_mask(mask)
-    softcap = check_softcap(softcap)
+    backend, causal, return_lse, window_size, sinks, mask, softcap = check_options(
+        backend=backend, causal=causal, return_lse=return_lse, window_size=window_size,
+        sinks=sinks, mask=mask, softcap=softcap)
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = _check_shapes(infos)
     dtype = _check_dtypes(infos)
     softmax_scale = check_softmax_scale(softmax_scale, head_dim)
