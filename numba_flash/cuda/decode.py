@@ -556,12 +556,8 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         capacity = k_cache.shape[1]
     page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
 
-    left, right = (int(w) for w in window_size)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    has_left, has_right = left >= 0, right >= 0
-    has_sinks = has_left and int(sinks) > 0
-    has_softcap = softcap is not None and float(softcap) > 0
+    left, right, has_left, has_right, has_sinks, has_softcap = launch.window_flags(
+        causal, window_size, sinks, softcap)
     has_tree = tree_parents is not None
 
     if num_splits == "auto":

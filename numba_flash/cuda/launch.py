@@ -35,7 +35,8 @@ if not SIMULATOR:  # already imported by numba.cuda's dispatcher on a real GPU
     from cuda.core import Stream as _CoreStream
     from cuda.core import launch as _core_launch
 
-__all__ = ["attention_cuda", "SUPPORTED_HEAD_DIMS", "kernel_for", "compiled_kernel_count"]
+__all__ = ["attention_cuda", "window_flags", "SUPPORTED_HEAD_DIMS", "kernel_for",
+           "compiled_kernel_count"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _KERNELS: dict = {}
@@ -356,6 +357,22 @@ def compiled_kernel_count() -> int:
     return sum(len(k.overloads) for k, _, _ in _KERNELS.values())
 
 
+def window_flags(causal: bool, window_size, sinks: int, softcap):
+    """The compile-time mask switches of the kernels and the window bounds they read.
+
+    Returns ``(left, right, has_left, has_right, has_sinks, has_softcap)``: causal is the window
+    right bound 0 (bottom-right aligned); sinks only matter with a bounded left side; softcap
+    None or 0 is off.
+    """
+    left, right = (int(w) for w in window_size)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    has_left, has_right = left >= 0, right >= 0
+    has_sinks = has_left and int(sinks) > 0
+    has_softcap = softcap is not None and float(softcap) > 0
+    return left, right, has_left, has_right, has_sinks, has_softcap
+
+
 def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, window_size=(-1, -1),
                    sinks: int = 0, mask=None, softcap=None, return_lse: bool = False, stream=None,
                    alibi_slopes=None, varlen=None):
@@ -384,12 +401,8 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     else:
         batch, seqlen_q, heads_q, head_dim = q.shape
         _, seqlen_k, heads_kv, _ = k.shape
-    left, right = (int(w) for w in window_size)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    has_left, has_right = left >= 0, right >= 0
-    has_sinks = has_left and int(sinks) > 0
-    has_softcap = softcap is not None and float(softcap) > 0
+    left, right, has_left, has_right, has_sinks, has_softcap = window_flags(
+        causal, window_size, sinks, softcap)
     half = dtype_name in _HALF_NAMES
 
     lead = varlen is not None
