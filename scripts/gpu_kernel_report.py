@@ -16,6 +16,7 @@ import cupy as cp
 import numpy as np
 
 from numba_flash.cuda import launch
+from kernel_resources import loop_spills
 from numba_flash_reference.attention import attention as reference
 
 CONFIGS = [  # dtype, head_dim, causal, window, sinks, softcap
@@ -50,34 +51,6 @@ def _inputs(dtype, b, sq, sk, hq, hkv, d, rng):
         return dev, back
     dev = [cp.asarray(x.astype(dtype)) for x in host]
     return dev, [cp.asnumpy(x).astype(np.float64) for x in dev]
-
-
-def loop_spills(sass: str):
-    """(LDL, STL) inside loops: instructions between a backward branch and its target."""
-    addr_of, lines = {}, []
-    label = None
-    for line in sass.splitlines():
-        m = re.match(r"\s*(\.L_x_\d+):", line)
-        if m:
-            label = m.group(1)
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*)", line)
-        if m:
-            addr = int(m.group(1), 16)
-            if label:
-                addr_of[label] = addr
-                label = None
-            lines.append((addr, m.group(2)))
-    loops = []
-    for addr, text in lines:
-        m = re.search(r"\bBRA\b.*?(?:`\((\.L_x_\d+)\)|(0x[0-9a-f]+))", text)
-        if m:
-            target = addr_of.get(m.group(1)) if m.group(1) else int(m.group(2), 16)
-            if target is not None and target < addr:
-                loops.append((target, addr))
-    inside = [text for addr, text in lines if any(lo <= addr <= hi for lo, hi in loops)]
-    return (sum(bool(re.search(r"\bLDL\b", t)) for t in inside),
-            sum(bool(re.search(r"\bSTL\b", t)) for t in inside))
 
 
 def main():

@@ -1,0 +1,152 @@
+"""Registers, spills and the SASS instruction mix of the kernels, without a GPU.
+
+Numba compiles a kernel to PTX with NVVM alone (no driver needed); ptxas and cuobjdump from the
+NVIDIA pip wheels turn it into sm_90 machine code. With the same toolkit version as the GPU
+machine's driver (CUDA 13.0 there: NVVM emits PTX 9.0, which newer ptxas builds also read, but
+only 13.0's ptxas reproduces the driver's register allocation), the numbers match what
+``inspect_sass()`` reports on the H100 exactly (checked: D=128 forward, 255 registers, 5 / 8
+spill reloads in the key loop, full / causal). Install once:
+
+    pip install "nvidia-nvvm==13.0.*" "nvidia-cuda-nvcc==13.0.*" nvidia-cuda-nvrtc nvidia-cuda-cuobjdump
+
+Usage:
+
+    python scripts/kernel_resources.py                       # the main forward configurations
+    python scripts/kernel_resources.py --head-dim 128 --causal --sass-out /tmp/k.sass
+
+From Python (any kernel, e.g. decode's): ``report(py_func, signature)`` returns a dict with
+regs, spill_stores, spill_loads, ldl_stl_in_loops, n_hmma, smem and the SASS text.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"   # compile for real even without a driver
+
+from numba import cuda  # noqa: E402
+from numba.cuda import types  # noqa: E402
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    for site in sys.path:
+        hits = glob.glob(os.path.join(site, "nvidia", "cu1*", "bin", name))
+        if hits:
+            return hits[0]
+    raise SystemExit(f"{name} not found: pip install the NVIDIA wheels named in this script's docstring")
+
+
+def loop_spills(sass: str):
+    """(LDL, STL) inside loops: instructions between a backward branch and its target."""
+    addr_of, lines = {}, []
+    label = None
+    for line in sass.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            label = m.group(1)
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*)", line)
+        if m:
+            addr = int(m.group(1), 16)
+            if label:
+                addr_of[label] = addr
+                label = None
+            lines.append((addr, m.group(2)))
+    loops = []
+    for addr, text in lines:
+        m = re.search(r"\bBRA\b.*?(?:`\((\.L_x_\d+)\)|(0x[0-9a-f]+))", text)
+        if m:
+            target = addr_of.get(m.group(1)) if m.group(1) else int(m.group(2), 16)
+            if target is not None and target < addr:
+                loops.append((target, addr))
+    inside = [text for addr, text in lines if any(lo <= addr <= hi for lo, hi in loops)]
+    return (sum(bool(re.search(r"\bLDL\b", t)) for t in inside),
+            sum(bool(re.search(r"\bSTL\b", t)) for t in inside))
+
+
+def report(py_func, signature, cc=(9, 0)) -> dict:
+    """Compile ``py_func`` (a kernel's Python function, e.g. ``dispatcher.py_func``) for
+    ``signature`` and compute capability ``cc`` offline; resources and SASS as a dict."""
+    ptx, _ = cuda.compile_ptx(py_func, signature, cc=cc)
+    arch = f"sm_{cc[0]}{cc[1]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx_path, "w") as f:
+            f.write(ptx)
+        run = subprocess.run([_tool("ptxas"), f"-arch={arch}", "-v", "-o", cubin, ptx_path],
+                             capture_output=True, text=True, check=True)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True,
+                              text=True, check=True).stdout
+    info = run.stderr
+
+    def grab(pattern):
+        m = re.search(pattern, info)
+        return int(m.group(1)) if m else 0
+
+    return dict(regs=grab(r"Used (\d+) registers"), spill_stores=grab(r"(\d+) bytes spill stores"),
+                spill_loads=grab(r"(\d+) bytes spill loads"), smem=grab(r"(\d+) bytes smem"),
+                ldl_stl_in_loops=loop_spills(sass), n_hmma=sass.count("HMMA"),
+                n_ldl=len(re.findall(r"\bLDL\b", sass)), sass=sass)
+
+
+def forward_signature(half: bool, f64: bool = False, layout: str = "C"):
+    """The plain-launch signature of the forward kernels (launch.py's direct launch)."""
+    from numba_flash.cuda.launch import _UNUSED_MASK_ARGS
+
+    elem = types.uint32 if half else (types.float64 if f64 else types.float32)
+    fty = types.float64 if f64 else types.float32
+    arrays = [types.Array(elem, 4, layout)] * 4 + [types.Array(types.float32, 3, "C")]
+    return types.void(*arrays, types.int64, types.int64, types.int64, fty, fty, fty,
+                      types.int64, types.int64, types.int64, *[t for t, _ in _UNUSED_MASK_ARGS])
+
+
+def forward_report(dtype: str, head_dim: int, causal: bool, lse: bool = True, **extra) -> dict:
+    """Offline report of one tensor-core / FMA forward kernel configuration."""
+    from numba_flash.cuda import forward
+
+    if dtype in ("float16", "bfloat16"):
+        kern = forward.make_mma_kernel(head_dim, dtype == "bfloat16", False, causal, False, False,
+                                       lse, forward.mma_block_n(head_dim), **extra)
+        sig = forward_signature(True)
+    else:
+        itemsize = 8 if dtype == "float64" else 4
+        kern = forward.make_fma_kernel(head_dim, dtype == "float64", False, causal, False, False,
+                                       lse, forward.fma_block_n(head_dim, itemsize), **extra)
+        sig = forward_signature(False, dtype == "float64")
+    return report(kern.py_func, sig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--head-dim", type=int, default=None)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--sass-out", default=None)
+    args = ap.parse_args()
+    if args.head_dim:
+        configs = [(args.dtype or "float16", args.head_dim, args.causal)]
+    else:
+        configs = [(dt, d, c) for dt in ("float16", "bfloat16") for d in (32, 64, 96, 128, 256)
+                   for c in (False, True)] + [("float32", 128, False), ("float64", 128, False)]
+    print(f"{'dtype':9} {'D':>4} {'causal':6} {'regs':>4} {'spill st/ld B':>13} "
+          f"{'LDL,STL in loops':>16} {'HMMA':>5} {'smem':>6}")
+    for dt, d, c in configs:
+        r = forward_report(dt, d, c)
+        print(f"{dt:9} {d:4d} {str(c):6} {r['regs']:4d} {r['spill_stores']:6d}/{r['spill_loads']:<6d} "
+              f"{str(r['ldl_stl_in_loops']):>16} {r['n_hmma']:5d} {r['smem']:6d}", flush=True)
+        if args.sass_out:
+            with open(args.sass_out, "w") as f:
+                f.write(r["sass"])
+
+
+if __name__ == "__main__":
+    main()
