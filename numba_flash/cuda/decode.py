@@ -29,11 +29,13 @@ visible causally). Scores are base 2 (log2 e folded into the scale) and use ``ex
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from numba import cuda
 from numba.cuda import types
 
+from .decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported, mma_smem_bytes
 from .warp import SIMULATOR, exp2, pack_bf16, pack_f16, shfl_xor
 
 __all__ = ["make_decode_kernel", "decode_geometry", "DECODE_WARPS", "MAX_ROWS", "ld_v4",
@@ -475,6 +477,58 @@ def auto_num_splits(blocks: int, keys: int, sm_count: int) -> int:
     return int(max(1, min(want, by_len, MAX_SPLITS)))
 
 
+# ----------------------------------------------------------------------------- tensor-core path
+
+_MMA_KERNELS: dict = {}
+MMA_TILE = (16, 3, 1)        # (keys per tile, cp.async stages, warps per block): see docs/decode.md
+MMA_REGS = 128               # registers per thread of the D=128 kernel (kernel_resources.py)
+SMEM_PER_SM = 228 * 1024     # H100 / H200: shared memory per multiprocessor
+SMEM_PER_BLOCK_RESERVED = 1024
+
+
+def _use_mma(head_dim: int) -> bool:
+    """Tensor-core kernel unless NUMBA_FLASH_DECODE_KERNEL=fma (or head_dim unsupported)."""
+    return mma_decode_supported(head_dim) and \
+        os.environ.get("NUMBA_FLASH_DECODE_KERNEL", "mma") != "fma"
+
+
+def mma_tile(head_dim: int) -> tuple[int, int, int]:
+    """(block_n, stages, warps) of the tensor-core kernel; NUMBA_FLASH_DECODE_TILE="16,3,1"
+    overrides it (tuning runs)."""
+    forced = os.environ.get("NUMBA_FLASH_DECODE_TILE")
+    if forced:
+        bn, st, nw = (int(x) for x in forced.split(","))
+        return bn, st, nw
+    return MMA_TILE
+
+
+def mma_warps_per_sm(head_dim: int, block_n: int, stages: int, warps: int) -> int:
+    """Resident warps per multiprocessor: limited by shared memory (the K/V rings), registers
+    (~MMA_REGS per thread), 32 blocks and 64 warps."""
+    smem = mma_smem_bytes(head_dim, block_n, stages, warps) + SMEM_PER_BLOCK_RESERVED
+    blocks = min(32, SMEM_PER_SM // smem, 65536 // (MMA_REGS * 32 * warps))
+    return max(1, min(64, blocks * warps))
+
+
+def auto_num_splits_mma(units: int, keys: int, sm_count: int, warps_per_sm: int) -> int:
+    """Splits for the tensor-core kernel, whose unit of work is one warp.
+
+    ``units``: warps without splitting (B * heads_kv * row_chunks). The most splits whose warps
+    all fit one wave of ``warps_per_sm * sm_count`` resident warps, at least
+    MIN_KEYS_PER_SPLIT keys per split, at most MAX_SPLITS; 1 when one wave is already full.
+    """
+    want = (warps_per_sm * sm_count) // max(units, 1)
+    by_len = max(1, keys // MIN_KEYS_PER_SPLIT)
+    return int(max(1, min(want, by_len, MAX_SPLITS)))
+
+
+def mma_decode_kernel(*config):
+    """The cached kernel for one ``make_mma_decode_kernel`` configuration."""
+    if config not in _MMA_KERNELS:
+        _MMA_KERNELS[config] = make_mma_decode_kernel(*config)
+    return _MMA_KERNELS[config]
+
+
 def _dummy(kind, device, shape, dtype):
     if kind == "numpy" or SIMULATOR:
         return np.zeros(shape, dtype=dtype)
@@ -546,8 +600,14 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
                              f"make a contiguous copy")
     ratio = heads_q // heads_kv
     m_rows = ratio * seqlen_q
-    chunks = -(-m_rows // MAX_ROWS)
-    rows = -(-m_rows // chunks)
+    use_mma = _use_mma(head_dim)
+    if use_mma:
+        block_n, stages, warps = mma_tile(head_dim)
+        chunks = -(-m_rows // MMA_ROWS)
+        rows = MMA_ROWS
+    else:
+        chunks = -(-m_rows // MAX_ROWS)
+        rows = -(-m_rows // chunks)
     if paged:
         page_size = k_cache.shape[1]
         capacity = block_table.shape[1] * page_size
@@ -564,7 +624,11 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         keys = capacity
         if has_left:
             keys = min(keys, left + seqlen_q + max(right, 0) + int(sinks))
-        splits = auto_num_splits(batch * heads_kv * chunks, keys, _sm_count(device))
+        if use_mma:
+            splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device),
+                                         mma_warps_per_sm(head_dim, block_n, stages, warps))
+        else:
+            splits = auto_num_splits(batch * heads_kv * chunks, keys, _sm_count(device))
     else:
         splits = int(num_splits)
     direct = splits == 1
@@ -608,15 +672,24 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     cap = float(softcap) if has_softcap else 1.0
     f32 = np.float32
     qa, ka, va, oa = (launch._kernel_array(x, kind, True) for x in (q, k_cache, v_cache, out))
-    kern = decode_kernel(head_dim, is_bf16, rows, paged, has_left, has_right, has_sinks,
-                         has_softcap, has_tree, direct, bool(return_lse))
     launch_stream = launch._resolve_stream(stream, kind, q)
     ctx = cuda.gpus[device] if (device is not None and not SIMULATOR) else launch._nullcontext()
     with ctx:
-        kern[(splits, batch, heads_kv * chunks), DECODE_WARPS * 32, launch_stream](
-            qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
-            ratio, chunks, f32(scale * log2e), f32(scale / cap), f32(cap * log2e), left, right,
-            int(sinks), tree_len, page_size, page_shift)
+        if use_mma:
+            kern = mma_decode_kernel(head_dim, is_bf16, paged, has_left, has_right, has_sinks,
+                                     has_softcap, has_tree, direct, bool(return_lse), block_n,
+                                     stages, warps)
+            kern[(-(-splits // warps), batch, heads_kv * chunks), 32 * warps, launch_stream](
+                qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
+                ratio, chunks, splits, f32(scale * log2e), f32(scale / cap), f32(cap * log2e),
+                left, right, int(sinks), tree_len, page_size, page_shift)
+        else:
+            kern = decode_kernel(head_dim, is_bf16, rows, paged, has_left, has_right, has_sinks,
+                                 has_softcap, has_tree, direct, bool(return_lse))
+            kern[(splits, batch, heads_kv * chunks), DECODE_WARPS * 32, launch_stream](
+                qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
+                ratio, chunks, f32(scale * log2e), f32(scale / cap), f32(cap * log2e), left,
+                right, int(sinks), tree_len, page_size, page_shift)
         if not direct:
             launch_merge(o_part_arg, lse_part_arg, oa, lse_arg,
                          out_mode=OUT_BF16 if is_bf16 else OUT_F16, write_lse=bool(return_lse),
