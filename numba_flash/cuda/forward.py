@@ -127,8 +127,13 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     KW = DW if SWZ else DW + 4
     SWZ_MASK = 28 if SWZ else 0
     CPR = D // 8         # 16-byte chunks per row
-    CHUNK_ITERS = BN * CPR // MMA_THREADS
-    Q_CHUNK_ITERS = BM * CPR // MMA_THREADS
+    # Tile copies: TPR threads share a row, thread `part` copying its chunks part, part + TPR,
+    # ...: one global pointer per thread (the chunks are immediate offsets from it) and TPR * 16
+    # contiguous bytes per row per warp instruction.
+    TPR = MMA_THREADS // BN
+    CPT = CPR // TPR
+    Q_TPR = MMA_THREADS // BM
+    Q_CPT = CPR // Q_TPR
     QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM else (1, 4)
     NTHREADS = MMA_THREADS
     # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
@@ -175,6 +180,14 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         v_col = (lane >> 4) * 4
         # Every ldmatrix row this lane addresses is = lane (mod 8): one swizzle term per thread.
         swz = SWZ_MASK & ((lane & 7) << 2)
+        # Tile-copy coordinates: 8 consecutive lanes take 8 consecutive rows at the same chunk,
+        # so their 16-byte shared-memory writes land on 8 distinct swizzled bank groups.
+        kv_row = ((tid >> 3) // TPR) * 8 + (tid & 7)
+        kv_part = (tid >> 3) % TPR
+        q_row = ((tid >> 3) // Q_TPR) * 8 + (tid & 7)
+        q_part = (tid >> 3) % Q_TPR
+        kv_swz = SWZ_MASK & ((tid & 7) << 2)
+        q_swz = kv_swz
 
         if SIMULATOR:  # the simulator rejects an alignment argument
             ks = cuda.shared.array((BN, KW), types.uint32)
@@ -254,22 +267,18 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                     tile = tile_lo
         if tile <= last:
             if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
-                for it in range(Q_CHUNK_ITERS):
-                    i = it * NTHREADS + tid
-                    r = i // CPR
-                    c = (i - r * CPR) * 4
-                    qrow = qtile * BM + r
-                    ok = qrow < seqlen_q
-                    cp_async16(qs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), q, ab,
-                               q_off + qrow if ok else 0, h, c, 16 if ok else 0)
-            for it in range(CHUNK_ITERS):
-                i = it * NTHREADS + tid
-                r = i // CPR
-                c = (i - r * CPR) * 4
-                key = tile * BN + r
-                ok = key < seqlen_k
-                cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, ab,
-                           k_off + key if ok else 0, hk, c, 16 if ok else 0)
+                qrow = qtile * BM + q_row
+                q_ok = qrow < seqlen_q
+                q_src = q_off + qrow if q_ok else 0
+                for it in range(Q_CPT):
+                    c = (it * Q_TPR + q_part) * 4
+                    cp_async16(qs, q_row, c ^ q_swz, q, ab, q_src, h, c, 16 if q_ok else 0)
+            key = tile * BN + kv_row
+            ok = key < seqlen_k
+            src = k_off + key if ok else 0
+            for it in range(CPT):
+                c = (it * TPR + kv_part) * 4
+                cp_async16(ks, kv_row, c ^ kv_swz, k, ab, src, hk, c, 16 if ok else 0)
             cp_async_commit()
 
         while tile <= last:
@@ -296,14 +305,12 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
 
             cp_async_wait_all()
             cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
-            for it in range(CHUNK_ITERS):
-                i = it * NTHREADS + tid
-                r = i // CPR
-                c = (i - r * CPR) * 4
-                key = k0 + r
-                ok = key < seqlen_k
-                cp_async16(vs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), v, ab,
-                           k_off + key if ok else 0, hk, c, 16 if ok else 0)
+            key = k0 + kv_row
+            ok = key < seqlen_k
+            src = k_off + key if ok else 0
+            for it in range(CPT):
+                c = (it * TPR + kv_part) * 4
+                cp_async16(vs, kv_row, c ^ kv_swz, v, ab, src, hk, c, 16 if ok else 0)
             cp_async_commit()
 
             # S = Q K^T: NS independent 16x8 accumulators per warp.
@@ -410,14 +417,12 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             cp_async_wait_all()
             cuda.syncthreads()  # V tile landed; every warp is done with K
             if nxt <= last:
-                for it in range(CHUNK_ITERS):
-                    i = it * NTHREADS + tid
-                    r = i // CPR
-                    c = (i - r * CPR) * 4
-                    key = nxt * BN + r
-                    ok = key < seqlen_k
-                    cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, ab,
-                               k_off + key if ok else 0, hk, c, 16 if ok else 0)
+                key = nxt * BN + kv_row
+                ok = key < seqlen_k
+                src = k_off + key if ok else 0
+                for it in range(CPT):
+                    c = (it * TPR + kv_part) * 4
+                    cp_async16(ks, kv_row, c ^ kv_swz, k, ab, src, hk, c, 16 if ok else 0)
                 cp_async_commit()
 
             # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits.
