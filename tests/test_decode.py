@@ -14,7 +14,8 @@ import pytest
 import numba_flash
 from numba_flash import masks
 from numba_flash.cuda import launch
-from numba_flash.cuda.decode import auto_num_splits, decode_geometry, tree_row_bits
+from numba_flash.cuda.decode import (auto_num_splits, auto_num_splits_mma, decode_geometry,
+                                     mma_warps_per_sm, tree_row_bits)
 from numba_flash.cuda.warp import SIMULATOR
 from numba_flash.decode import gather_cache
 from numba_flash_reference.attention import attention as reference
@@ -167,6 +168,26 @@ def test_decode_against_reference(case):
                  lens, page_size=page, **extra)
 
 
+# The CUDA-core kernel (head_dim > 128, or forced) and other tensor-core tiles on a few cases.
+@pytest.mark.parametrize("kernel, tile, idx", [
+    ("fma", None, 0), ("fma", None, 1), ("fma", None, 6),
+    ("mma", "32,2,1", 1), ("mma", "16,4,2", 4), ("mma", "16,2,2", 6),
+])
+def test_decode_kernel_variants(monkeypatch, kernel, tile, idx):
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_KERNEL", kernel)
+    if tile:
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", tile)
+    dtype, b, sq, hq, hkv, d, smax, lens, page, extra = CASES[idx]
+    check_decode(np.random.default_rng(idx + 100), dtype, b, sq, hq, hkv, d, smax, lens,
+                 page_size=page, **extra)
+
+
+def test_mma_gqa_rows_past_one_tile():
+    """18 packed rows (GQA 6 x 3 queries): two 16-row chunks, the second mostly padding."""
+    check_decode(np.random.default_rng(11), "bfloat16", 1, 3, 6, 1, 32, 40, [38],
+                 page_size=8, num_splits=2)
+
+
 def test_num_splits_agree_to_rounding():
     rng = np.random.default_rng(7)
     outs = []
@@ -241,6 +262,12 @@ def test_geometry_and_split_heuristic():
     assert auto_num_splits(blocks=1024, keys=4096, sm_count=132) == 1
     assert auto_num_splits(blocks=1, keys=300, sm_count=132) == 1       # too few keys to split
     assert auto_num_splits(blocks=1, keys=10**6, sm_count=132) == 128
+    # tensor-core kernel: one warp per unit; 8 resident warps per SM at 228-240 registers
+    assert mma_warps_per_sm(128, 16, 3, 1) == 8
+    assert auto_num_splits_mma(units=64, keys=32768, sm_count=132, warps_per_sm=8) == 16
+    assert auto_num_splits_mma(units=32, keys=8192, sm_count=132, warps_per_sm=8) == 32
+    assert auto_num_splits_mma(units=512, keys=4096, sm_count=132, warps_per_sm=8) == 2
+    assert auto_num_splits_mma(units=2048, keys=4096, sm_count=132, warps_per_sm=8) == 1
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -353,3 +380,14 @@ def test_gpu_check_indices():
     with pytest.raises(ValueError, match="outside"):
         numba_flash.decode(q, k, v, cache_seqlens=cp.asarray(np.array([3, 10], np.int32)),
                            check_indices=True)
+
+
+@gpu
+@pytest.mark.parametrize("kernel, tile", [("fma", None), ("mma", "32,2,1"), ("mma", "16,2,2")])
+def test_gpu_kernel_variants(monkeypatch, kernel, tile):
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_KERNEL", kernel)
+    if tile:
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", tile)
+    rng = np.random.default_rng(17)
+    check_decode(rng, "float16", 3, 2, 8, 2, 128, 3000, [3000, 1, 1500], page_size=16,
+                 window=(900, -1), sinks=4, num_splits=7)

@@ -481,7 +481,7 @@ def auto_num_splits(blocks: int, keys: int, sm_count: int) -> int:
 
 _MMA_KERNELS: dict = {}
 MMA_TILE = (16, 3, 1)        # (keys per tile, cp.async stages, warps per block): see docs/decode.md
-MMA_REGS = 128               # registers per thread of the D=128 kernel (kernel_resources.py)
+MMA_REGS = 240               # registers per thread of the D=128 kernels (kernel_resources.py: 228-240)
 SMEM_PER_SM = 228 * 1024     # H100 / H200: shared memory per multiprocessor
 SMEM_PER_BLOCK_RESERVED = 1024
 

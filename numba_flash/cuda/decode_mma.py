@@ -90,6 +90,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     KW, SWZ_MASK = _row_words(D)
     LOADS = BN * CPR // 32        # 16-byte copies per lane per tile, for K and again for V
     ROWS = NW * S * BN
+    QF, SF, OF = KS * 4, NS * 4, ND * 4     # fragment registers: Q, scores, output
     BF16 = bool(is_bf16)
     NEG_INF = -math.inf
     if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4:
@@ -122,9 +123,9 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
         else:
             ks = cuda.shared.array((ROWS, KW), types.uint32, alignment=16)
             vs = cuda.shared.array((ROWS, KW), types.uint32, alignment=16)
-        qf = cuda.local.array(KS * 4, types.uint32)
-        s = cuda.local.array(NS * 4, types.float32)
-        acc = cuda.local.array(ND * 4, types.float32)
+        qf = cuda.local.array(QF, types.uint32)
+        s = cuda.local.array(SF, types.float32)
+        acc = cuda.local.array(OF, types.float32)
 
         if paged:
             capacity = block_table.shape[1] * page_size
