@@ -206,11 +206,9 @@ def tile_sweep(spec, copy_bw, quick):
         kv_bytes = 2 * b * L * hkv * d * q.element_size()
         for tile in spec.split(";"):
             os.environ["NUMBA_FLASH_DECODE_TILE"] = tile
-            bn, st, nw = (int(x) for x in tile.split(","))
             units = b * hkv * -(-(hq // hkv) // dec.MMA_ROWS)
             auto = dec.auto_num_splits_mma(units, L, torch.cuda.get_device_properties(0)
-                                           .multi_processor_count,
-                                           dec.mma_warps_per_sm(d, bn, st, nw))
+                                           .multi_processor_count)
             for s in sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, auto, max(1, auto // 2),
                              2 * auto}):
                 if s > 4 * auto or s * 4 < auto:
@@ -235,9 +233,10 @@ def _kernel_report():
              "lse")
     for config, kern in list(dec._KERNELS.items()) + list(dec._MMA_KERNELS.items()):
         try:
-            regs = kern.get_regs_per_thread()
-            local = kern.get_local_mem_per_thread()
-            shared = kern.get_shared_mem_per_block()
+            regs, local, shared = (next(iter(x.values())) if isinstance(x, dict) else x
+                                   for x in (kern.get_regs_per_thread(),
+                                             kern.get_local_mem_per_thread(),
+                                             kern.get_shared_mem_per_block()))
         except Exception as exc:  # noqa: BLE001 - API differences between numba-cuda versions
             regs = local = shared = repr(exc)[:60]
         desc = " ".join(f"{n}={int(c)}" for n, c in zip(names, config)) \

@@ -15,7 +15,7 @@ import numba_flash
 from numba_flash import masks
 from numba_flash.cuda import launch
 from numba_flash.cuda.decode import (auto_num_splits, auto_num_splits_mma, decode_geometry,
-                                     mma_warps_per_sm, tree_row_bits)
+                                     tree_row_bits)
 from numba_flash.cuda.warp import SIMULATOR
 from numba_flash.decode import gather_cache
 from numba_flash_reference.attention import attention as reference
@@ -171,15 +171,25 @@ def test_decode_against_reference(case):
 # The CUDA-core kernel (head_dim > 128, or forced) and other tensor-core tiles on a few cases.
 @pytest.mark.parametrize("kernel, tile, idx", [
     ("fma", None, 0), ("fma", None, 1), ("fma", None, 6),
-    ("mma", "32,2,1", 1), ("mma", "16,4,2", 4), ("mma", "16,2,2", 6),
+    ("mma", "16,3,1", 1), ("mma", "16,4,2", 4), ("mma", "16,2,2", 6), ("nofold", None, 5),
 ])
 def test_decode_kernel_variants(monkeypatch, kernel, tile, idx):
+    """CUDA-core kernel, other tiles, and the merge as a separate launch (no fold)."""
+    if kernel == "nofold":
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_FOLD", "0")
+        kernel = "mma"
     monkeypatch.setenv("NUMBA_FLASH_DECODE_KERNEL", kernel)
     if tile:
         monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", tile)
     dtype, b, sq, hq, hkv, d, smax, lens, page, extra = CASES[idx]
     check_decode(np.random.default_rng(idx + 100), dtype, b, sq, hq, hkv, d, smax, lens,
                  page_size=page, **extra)
+
+
+def test_splits_with_empty_and_one_key_sequences():
+    """Every split of a length-0 sequence is empty (lse -inf); the merge must give 0 / -inf."""
+    check_decode(np.random.default_rng(12), "float16", 3, 1, 2, 1, 32, 40, [37, 0, 1],
+                 num_splits=3)
 
 
 def test_mma_gqa_rows_past_one_tile():
@@ -262,12 +272,13 @@ def test_geometry_and_split_heuristic():
     assert auto_num_splits(blocks=1024, keys=4096, sm_count=132) == 1
     assert auto_num_splits(blocks=1, keys=300, sm_count=132) == 1       # too few keys to split
     assert auto_num_splits(blocks=1, keys=10**6, sm_count=132) == 128
-    # tensor-core kernel: one warp per unit; 8 resident warps per SM at 228-240 registers
-    assert mma_warps_per_sm(128, 16, 3, 1) == 8
-    assert auto_num_splits_mma(units=64, keys=32768, sm_count=132, warps_per_sm=8) == 16
-    assert auto_num_splits_mma(units=32, keys=8192, sm_count=132, warps_per_sm=8) == 32
-    assert auto_num_splits_mma(units=512, keys=4096, sm_count=132, warps_per_sm=8) == 2
-    assert auto_num_splits_mma(units=2048, keys=4096, sm_count=132, warps_per_sm=8) == 1
+    # tensor-core kernel: one warp per unit, ~3 warps per SM
+    assert auto_num_splits_mma(units=64, keys=32768, sm_count=132) == 6
+    assert auto_num_splits_mma(units=8, keys=131072, sm_count=132) == 49
+    assert auto_num_splits_mma(units=32, keys=8192, sm_count=132) == 12
+    assert auto_num_splits_mma(units=128, keys=16384, sm_count=132) == 3
+    assert auto_num_splits_mma(units=512, keys=4096, sm_count=132) == 1
+    assert auto_num_splits_mma(units=1, keys=300, sm_count=132) == 1
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -383,8 +394,12 @@ def test_gpu_check_indices():
 
 
 @gpu
-@pytest.mark.parametrize("kernel, tile", [("fma", None), ("mma", "32,2,1"), ("mma", "16,2,2")])
+@pytest.mark.parametrize("kernel, tile", [("fma", None), ("mma", "16,3,1"), ("mma", "16,2,2"),
+                                          ("nofold", None)])
 def test_gpu_kernel_variants(monkeypatch, kernel, tile):
+    if kernel == "nofold":
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_FOLD", "0")
+        kernel = "mma"
     monkeypatch.setenv("NUMBA_FLASH_DECODE_KERNEL", kernel)
     if tile:
         monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", tile)

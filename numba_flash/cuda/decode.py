@@ -35,7 +35,7 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from .decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported, mma_smem_bytes
+from .decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
 from .warp import SIMULATOR, exp2, pack_bf16, pack_f16, shfl_xor
 
 __all__ = ["make_decode_kernel", "decode_geometry", "DECODE_WARPS", "MAX_ROWS", "ld_v4",
@@ -480,10 +480,8 @@ def auto_num_splits(blocks: int, keys: int, sm_count: int) -> int:
 # ----------------------------------------------------------------------------- tensor-core path
 
 _MMA_KERNELS: dict = {}
-MMA_TILE = (16, 3, 1)        # (keys per tile, cp.async stages, warps per block): see docs/decode.md
-MMA_REGS = 240               # registers per thread of the D=128 kernels (kernel_resources.py: 228-240)
-SMEM_PER_SM = 228 * 1024     # H100 / H200: shared memory per multiprocessor
-SMEM_PER_BLOCK_RESERVED = 1024
+MMA_TILE = (32, 2, 1)        # (keys per tile, cp.async stages, warps per block): see docs/decode.md
+MMA_WARPS_PER_SM = 3         # "auto" aims at this many warps per multiprocessor (H100 sweep)
 
 
 def _use_mma(head_dim: int) -> bool:
@@ -493,7 +491,7 @@ def _use_mma(head_dim: int) -> bool:
 
 
 def mma_tile(head_dim: int) -> tuple[int, int, int]:
-    """(block_n, stages, warps) of the tensor-core kernel; NUMBA_FLASH_DECODE_TILE="16,3,1"
+    """(block_n, stages, warps) of the tensor-core kernel; NUMBA_FLASH_DECODE_TILE="32,2,1"
     overrides it (tuning runs)."""
     forced = os.environ.get("NUMBA_FLASH_DECODE_TILE")
     if forced:
@@ -502,24 +500,54 @@ def mma_tile(head_dim: int) -> tuple[int, int, int]:
     return MMA_TILE
 
 
-def mma_warps_per_sm(head_dim: int, block_n: int, stages: int, warps: int) -> int:
-    """Resident warps per multiprocessor: limited by shared memory (the K/V rings), registers
-    (~MMA_REGS per thread), 32 blocks and 64 warps."""
-    smem = mma_smem_bytes(head_dim, block_n, stages, warps) + SMEM_PER_BLOCK_RESERVED
-    blocks = min(32, SMEM_PER_SM // smem, 65536 // (MMA_REGS * 32 * warps))
-    return max(1, min(64, blocks * warps))
-
-
-def auto_num_splits_mma(units: int, keys: int, sm_count: int, warps_per_sm: int) -> int:
+def auto_num_splits_mma(units: int, keys: int, sm_count: int,
+                        warps_per_sm: int = MMA_WARPS_PER_SM) -> int:
     """Splits for the tensor-core kernel, whose unit of work is one warp.
 
-    ``units``: warps without splitting (B * heads_kv * row_chunks). The most splits whose warps
-    all fit one wave of ``warps_per_sm * sm_count`` resident warps, at least
-    MIN_KEYS_PER_SPLIT keys per split, at most MAX_SPLITS; 1 when one wave is already full.
+    ``units``: warps without splitting (B * heads_kv * row_chunks); ``keys``: an upper bound of
+    the keys a unit visits. The most splits whose warps stay within ``warps_per_sm * sm_count``
+    (rounding down), at least MIN_KEYS_PER_SPLIT keys per split, at most MAX_SPLITS; 1 when
+    the units alone reach that. The H100 sweep (docs/decode.md) peaks at about 3 warps per
+    multiprocessor (~400 warps): 12-16 KB of cp.async copies in flight per warp is already
+    enough, and more splits only add partial states and tail.
     """
     want = (warps_per_sm * sm_count) // max(units, 1)
     by_len = max(1, keys // MIN_KEYS_PER_SPLIT)
     return int(max(1, min(want, by_len, MAX_SPLITS)))
+
+
+_COUNTERS: dict = {}
+
+
+def _fold_merge() -> bool:
+    """Merge inside the decode kernel (last warp per row chunk) unless
+    NUMBA_FLASH_DECODE_FOLD=0 (then a separate merge launch)."""
+    return os.environ.get("NUMBA_FLASH_DECODE_FOLD", "1") != "0"
+
+
+def _counters(kind, device, n, stream):
+    """int32 zeros (>= n) for the folded merge's arrival counters, one buffer per (device,
+    stream): every launch leaves them at zero again, and launches on one stream are ordered.
+    Launches on different streams get different buffers."""
+    if kind == "numpy" or SIMULATOR:
+        return np.zeros(max(n, 1), dtype=np.int32)
+    key = (device, _stream_key(stream))
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.shape[0] < n:
+        size = max(n, 1024, 2 * (buf.shape[0] if buf is not None else 0))
+        buf = cuda.to_device(np.zeros(size, dtype=np.int32), stream=stream)
+        _COUNTERS.setdefault(("old",), []).append(_COUNTERS.get(key))   # never freed mid-flight
+        _COUNTERS[key] = buf
+    return buf
+
+
+def _stream_key(stream):
+    try:
+        return int(stream)
+    except (TypeError, ValueError):
+        handle = getattr(stream, "handle", None)
+        value = getattr(handle, "value", handle)
+        return value if isinstance(value, int) else id(stream)
 
 
 def mma_decode_kernel(*config):
@@ -625,8 +653,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         if has_left:
             keys = min(keys, left + seqlen_q + max(right, 0) + int(sinks))
         if use_mma:
-            splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device),
-                                         mma_warps_per_sm(head_dim, block_n, stages, warps))
+            splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device))
         else:
             splits = auto_num_splits(batch * heads_kv * chunks, keys, _sm_count(device))
     else:
@@ -676,12 +703,15 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     ctx = cuda.gpus[device] if (device is not None and not SIMULATOR) else launch._nullcontext()
     with ctx:
         if use_mma:
+            fold = not direct and _fold_merge()
+            counters = _counters(kind, device, batch * heads_kv * chunks, launch_stream) \
+                if fold else _dummy(kind, device, (1,), np.int32)
             kern = mma_decode_kernel(head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                                      has_softcap, has_tree, direct, bool(return_lse), block_n,
-                                     stages, warps)
+                                     stages, warps, fold)
             kern[(-(-splits // warps), batch, heads_kv * chunks), 32 * warps, launch_stream](
                 qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
-                ratio, chunks, splits, f32(scale * log2e), f32(scale / cap), f32(cap * log2e),
+                counters, ratio, chunks, splits, f32(scale * log2e), f32(scale / cap), f32(cap * log2e),
                 left, right, int(sinks), tree_len, page_size, page_shift)
         else:
             kern = decode_kernel(head_dim, is_bf16, rows, paged, has_left, has_right, has_sinks,
@@ -690,7 +720,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
                 qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
                 ratio, chunks, f32(scale * log2e), f32(scale / cap), f32(cap * log2e), left,
                 right, int(sinks), tree_len, page_size, page_shift)
-        if not direct:
+        if not direct and not (use_mma and fold):
             launch_merge(o_part_arg, lse_part_arg, oa, lse_arg,
                          out_mode=OUT_BF16 if is_bf16 else OUT_F16, write_lse=bool(return_lse),
                          stream=launch_stream)

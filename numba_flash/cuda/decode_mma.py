@@ -34,6 +34,7 @@ __all__ = ["make_mma_decode_kernel", "mma_decode_supported", "mma_smem_bytes", "
 
 MMA_ROWS = 16
 LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
 
 
 def _jit(fn):
@@ -63,16 +64,23 @@ def mma_smem_bytes(head_dim: int, block_n: int, stages: int, warps: int) -> int:
 
 def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: bool,
                            has_right: bool, has_sinks: bool, has_softcap: bool, has_tree: bool,
-                           direct: bool, write_lse: bool, block_n: int, stages: int, warps: int):
+                           direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
+                           fold: bool = False):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
-    lse_part, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out, window_left,
+    lse_part, counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out, window_left,
     window_right, sinks, tree_len, page_size, page_shift)``, arrays as in decode.py's kernel:
     q uint32 (B, Sq, Hq, D/2); k, v uint32 (B, S_max, Hkv, D/2) or paged (num_pages, page_size,
     Hkv, D/2) with block_table int32 (B, max_pages); cache_seqlens int32 (B,); tree_bits uint32
     (Sq, 2); direct: out uint32 (B, Sq, Hq, D/2), lse float32 (B, Hq, Sq); else o_part float32
     (n_splits, B, Sq, Hq, D), lse_part float32 (n_splits, B, Hq, Sq).
+
+    ``fold`` (with splits): the merge is folded in. Each warp, after writing its partial
+    state, bumps ``counters[b * gridDim.z + blockIdx.z]`` (int32, zero before the launch); the
+    warp that brings it to ``n_splits`` is the last of its (batch item, kv head, chunk): it
+    merges the partial states of its rows into out / lse and resets the counter to 0, so the
+    same counters serve the next launch on the stream. No second kernel launch.
 
     Grid ``(ceil(n_splits / warps), B, Hkv * row_chunks)``, ``32 * warps`` threads;
     ``block_n`` in (16, 32, 64), ``stages`` in 2..4.
@@ -91,13 +99,16 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     LOADS = BN * CPR // 32        # 16-byte copies per lane per tile, for K and again for V
     ROWS = NW * S * BN
     QF, SF, OF = KS * 4, NS * 4, ND * 4     # fragment registers: Q, scores, output
+    MERGE_U = 4                   # splits per iteration of the folded merge
+    MF = 2 * ND                   # folded merge: one row's output pairs per lane
     BF16 = bool(is_bf16)
+    FOLD = bool(fold) and not direct
     NEG_INF = -math.inf
     if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4:
         raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, head_dim {D}")
 
     def kernel(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part, lse_part,
-               heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out, window_left,
+               counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out, window_left,
                window_right, sinks, tree_len, page_size, page_shift):
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -433,5 +444,56 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                         lse[b, h1, s1] = lse1
                 else:
                     lse_part[split, b, h1, s1] = lse1
+
+        if FOLD:
+            flag = cuda.shared.array(NW, types.int32)
+            cuda.threadfence()     # this lane's partial state is visible device-wide ...
+            syncwarp()             # ... for every lane, before lane 0 signals
+            cidx = b * cuda.gridDim.z + cuda.blockIdx.z
+            if lane == 0:
+                flag[warp] = cuda.atomic.add(counters, cidx, 1)
+            syncwarp()
+            if flag[warp] == n_splits - 1:
+                # Last warp of the chunk: merge every split's state of this lane's rows (g, g+8)
+                # and output words (dn * 4 + t), i.e. the accumulator's own layout. Splits go
+                # by MERGE_U per iteration with their loads issued together (the loop is
+                # latency-bound); indices past the end are clamped and weighted 0.
+                cuda.threadfence()
+                for half in range(2):
+                    live = live0 if half == 0 else live1
+                    hh = h0 if half == 0 else h1
+                    ss = s0 if half == 0 else s1
+                    if live:
+                        mx = np.float32(NEG_INF)
+                        for sp0 in range(0, n_splits, MERGE_U):
+                            for u in range(MERGE_U):
+                                mx = max(mx, lse_part[min(sp0 + u, n_splits - 1), b, hh, ss])
+                        mu = mx if mx != NEG_INF else np.float32(0.0)
+                        macc = cuda.local.array(MF, types.float32)
+                        for e in range(MF):
+                            macc[e] = np.float32(0.0)
+                        tot = np.float32(0.0)
+                        for sp0 in range(0, n_splits, MERGE_U):
+                            for u in range(MERGE_U):
+                                sp = min(sp0 + u, n_splits - 1)
+                                # exp2(-inf) = 0: empty splits weigh nothing, with no
+                                # branch between this load and the o loads below.
+                                wt = exp2((lse_part[sp, b, hh, ss] - mu) * np.float32(LOG2E))
+                                wt = wt if sp0 + u < n_splits else np.float32(0.0)
+                                tot += wt
+                                for dn in range(ND):
+                                    macc[2 * dn] += wt * o_part[sp, b, ss, hh, dn * 8 + 2 * t]
+                                    macc[2 * dn + 1] += wt * o_part[sp, b, ss, hh,
+                                                                    dn * 8 + 2 * t + 1]
+                        inv = np.float32(0.0)
+                        if tot > 0:
+                            inv = np.float32(1.0) / tot
+                        for dn in range(ND):
+                            out[b, ss, hh, dn * 4 + t] = pack16(BF16, macc[2 * dn] * inv,
+                                                                macc[2 * dn + 1] * inv)
+                        if write_lse and t == 0:
+                            lse[b, hh, ss] = mu + math.log(tot) if tot > 0 else NEG_INF
+                if lane == 0:
+                    counters[cidx] = 0
 
     return _jit(kernel)
