@@ -3,8 +3,9 @@
     compute-sanitizer --tool memcheck --report-api-errors no python scripts/sanitize_decode.py
     compute-sanitizer --tool racecheck --report-api-errors no python scripts/sanitize_decode.py
 
-Covers each decode kernel (tensor-core: direct and split, contiguous and paged, ragged lengths
-0 / 1 / beyond capacity (clamped), a draft tree, a window with sinks; the CUDA-core kernel at
+Covers each decode kernel (tensor-core: direct and split with the merge folded in or launched
+apart, contiguous and paged, ragged lengths 0 / 1, a draft tree, a window with sinks; the
+CUDA-core kernel at
 head_dim 256 and forced with NUMBA_FLASH_DECODE_KERNEL=fma) and the merge kernel
 (merge_states on float32 GPU states), then checks every output against the CPU path.
 """
@@ -44,15 +45,18 @@ def case(rng, b, sq, hq, hkv, d, smax, lens, page=None, **kw):
 def main():
     rng = np.random.default_rng(0)
     errs = []
-    for kernel in ("mma", "fma"):
+    for kernel, fold in (("mma", "1"), ("mma", "0"), ("fma", "0")):
         os.environ["NUMBA_FLASH_DECODE_KERNEL"] = kernel
+        os.environ["NUMBA_FLASH_DECODE_FOLD"] = fold
         errs.append(case(rng, 3, 1, 8, 2, 128, 300, [300, 0, 1], num_splits=1))
         errs.append(case(rng, 3, 1, 8, 2, 128, 300, [300, 0, 77], page=16, num_splits=5))
         errs.append(case(rng, 2, 4, 8, 2, 128, 200, [200, 9], page=64,
                          mask=masks.tree([-1, 0, 0, 1])))
         errs.append(case(rng, 2, 2, 4, 1, 64, 500, [500, 130], window_size=(50, -1), sinks=3,
                          num_splits=3))
+        errs.append(case(rng, 1, 3, 6, 1, 128, 400, [400], num_splits=4))      # 18 rows: 2 chunks
     os.environ.pop("NUMBA_FLASH_DECODE_KERNEL")
+    os.environ.pop("NUMBA_FLASH_DECODE_FOLD")
     errs.append(case(rng, 2, 1, 4, 2, 256, 100, [100, 33], num_splits=2))     # CUDA-core kernel
     o = cp.asarray(rng.standard_normal((5, 2, 3, 4, 32)).astype(np.float32))
     lse = cp.asarray(rng.standard_normal((5, 2, 4, 3)).astype(np.float32))

@@ -171,7 +171,7 @@ def test_decode_against_reference(case):
 # The CUDA-core kernel (head_dim > 128, or forced) and other tensor-core tiles on a few cases.
 @pytest.mark.parametrize("kernel, tile, idx", [
     ("fma", None, 0), ("fma", None, 1), ("fma", None, 6),
-    ("mma", "16,3,1", 1), ("mma", "16,4,2", 4), ("mma", "16,2,2", 6), ("nofold", None, 5),
+    ("mma", "16,3,1", 1), ("mma", "16,4,2", 4), ("mma", "48,2,1", 6), ("nofold", None, 5),
 ])
 def test_decode_kernel_variants(monkeypatch, kernel, tile, idx):
     """CUDA-core kernel, other tiles, and the merge as a separate launch (no fold)."""

@@ -83,7 +83,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     same counters serve the next launch on the stream. No second kernel launch.
 
     Grid ``(ceil(n_splits / warps), B, Hkv * row_chunks)``, ``32 * warps`` threads;
-    ``block_n`` in (16, 32, 64), ``stages`` in 2..4.
+    ``block_n`` a multiple of 16, ``stages`` in 2..4, within 48 KB of static shared memory.
     """
     D = head_dim
     DW = D // 2
@@ -99,7 +99,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     LOADS = BN * CPR // 32        # 16-byte copies per lane per tile, for K and again for V
     ROWS = NW * S * BN
     QF, SF, OF = KS * 4, NS * 4, ND * 4     # fragment registers: Q, scores, output
-    MERGE_U = 4                   # splits per iteration of the folded merge
     MF = 2 * ND                   # folded merge: one row's output pairs per lane
     BF16 = bool(is_bf16)
     FOLD = bool(fold) and not direct
@@ -446,53 +445,87 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                     lse_part[split, b, h1, s1] = lse1
 
         if FOLD:
-            flag = cuda.shared.array(NW, types.int32)
             cuda.threadfence()     # this lane's partial state is visible device-wide ...
             syncwarp()             # ... for every lane, before lane 0 signals
             cidx = b * cuda.gridDim.z + cuda.blockIdx.z
-            if lane == 0:
-                flag[warp] = cuda.atomic.add(counters, cidx, 1)
+            if lane == 0:          # the (now idle) ring's first word broadcasts the arrival
+                ks[ring, 0] = np.uint32(cuda.atomic.add(counters, cidx, 1))
             syncwarp()
-            if flag[warp] == n_splits - 1:
-                # Last warp of the chunk: merge every split's state of this lane's rows (g, g+8)
-                # and output words (dn * 4 + t), i.e. the accumulator's own layout. Splits go
-                # by MERGE_U per iteration with their loads issued together (the loop is
-                # latency-bound); indices past the end are clamped and weighted 0.
+            if ks[ring, 0] == np.uint32(n_splits - 1):
+                # Last warp of the chunk: merge every split's state of the chunk's rows. The
+                # 8 lane groups g share the rows: ``G = 8 / RP`` groups per row (RP = live rows
+                # rounded up to a power of two, at most 8; 16 rows take two passes), each
+                # taking every G-th split, two splits per iteration with all their loads issued
+                # together (the loop is latency-bound), then a reduction over the G groups
+                # (xor shuffles of lane bits 2..4). Lane t keeps the words dn * 4 + t.
                 cuda.threadfence()
-                for half in range(2):
-                    live = live0 if half == 0 else live1
-                    hh = h0 if half == 0 else h1
-                    ss = s0 if half == 0 else s1
-                    if live:
-                        mx = np.float32(NEG_INF)
-                        for sp0 in range(0, n_splits, MERGE_U):
-                            for u in range(MERGE_U):
-                                mx = max(mx, lse_part[min(sp0 + u, n_splits - 1), b, hh, ss])
-                        mu = mx if mx != NEG_INF else np.float32(0.0)
-                        macc = cuda.local.array(MF, types.float32)
+                rl = chunk_rows
+                rp = 1
+                while rp < rl and rp < 8:
+                    rp *= 2
+                G = 8 // rp
+                lg = 0
+                while (1 << lg) < G:
+                    lg += 1
+                slot = g // G
+                j = g - slot * G
+                macc = cuda.local.array(MF, types.float32)
+                for ps in range(2):
+                    if ps == 0 or rl > 8:
+                        r = ps * 8 + slot
+                        live = r < rl
+                        rr = chunk * 16 + r
+                        gi = rr // seqlen_q
+                        sq = rr - gi * seqlen_q
+                        hh = hk * heads_ratio + gi
+                        # Online merge (running max m, rescaled sums): one pass over the
+                        # splits; exp2(-inf) = 0 makes empty splits and padding weigh nothing.
+                        m = np.float32(NEG_INF)
+                        tot = np.float32(0.0)
                         for e in range(MF):
                             macc[e] = np.float32(0.0)
-                        tot = np.float32(0.0)
-                        for sp0 in range(0, n_splits, MERGE_U):
-                            for u in range(MERGE_U):
-                                sp = min(sp0 + u, n_splits - 1)
-                                # exp2(-inf) = 0: empty splits weigh nothing, with no
-                                # branch between this load and the o loads below.
-                                wt = exp2((lse_part[sp, b, hh, ss] - mu) * np.float32(LOG2E))
-                                wt = wt if sp0 + u < n_splits else np.float32(0.0)
-                                tot += wt
+                        if live:
+                            for sp in range(j, n_splits, 2 * G):
+                                okb = sp + G < n_splits
+                                spb = sp + G if okb else sp
+                                la = lse_part[sp, b, hh, sq]
+                                lb = lse_part[spb, b, hh, sq]
+                                lb = lb if okb else np.float32(NEG_INF)
+                                mn = max(m, max(la, lb))
+                                mu = mn if mn != NEG_INF else np.float32(0.0)
+                                sc = exp2((m - mu) * np.float32(LOG2E))
+                                wa = exp2((la - mu) * np.float32(LOG2E))
+                                wb = exp2((lb - mu) * np.float32(LOG2E))
+                                m = mn
+                                tot = tot * sc + wa + wb
                                 for dn in range(ND):
-                                    macc[2 * dn] += wt * o_part[sp, b, ss, hh, dn * 8 + 2 * t]
-                                    macc[2 * dn + 1] += wt * o_part[sp, b, ss, hh,
-                                                                    dn * 8 + 2 * t + 1]
-                        inv = np.float32(0.0)
-                        if tot > 0:
-                            inv = np.float32(1.0) / tot
-                        for dn in range(ND):
-                            out[b, ss, hh, dn * 4 + t] = pack16(BF16, macc[2 * dn] * inv,
-                                                                macc[2 * dn + 1] * inv)
-                        if write_lse and t == 0:
-                            lse[b, hh, ss] = mu + math.log(tot) if tot > 0 else NEG_INF
+                                    c = dn * 8 + 2 * t
+                                    macc[2 * dn] = (macc[2 * dn] * sc
+                                                    + wa * o_part[sp, b, sq, hh, c]
+                                                    + wb * o_part[spb, b, sq, hh, c])
+                                    macc[2 * dn + 1] = (macc[2 * dn + 1] * sc
+                                                        + wa * o_part[sp, b, sq, hh, c + 1]
+                                                        + wb * o_part[spb, b, sq, hh, c + 1])
+                        for lv in range(lg):
+                            mo = shfl_xor(m, 4 << lv)
+                            mn = max(m, mo)
+                            mu = mn if mn != NEG_INF else np.float32(0.0)
+                            sa = exp2((m - mu) * np.float32(LOG2E))
+                            sb = exp2((mo - mu) * np.float32(LOG2E))
+                            m = mn
+                            tot = tot * sa + shfl_xor(tot, 4 << lv) * sb
+                            for e in range(MF):
+                                macc[e] = macc[e] * sa + shfl_xor(macc[e], 4 << lv) * sb
+                        mu = m if m != NEG_INF else np.float32(0.0)
+                        if live and j == 0:
+                            inv = np.float32(0.0)
+                            if tot > 0:
+                                inv = np.float32(1.0) / tot
+                            for dn in range(ND):
+                                out[b, sq, hh, dn * 4 + t] = pack16(BF16, macc[2 * dn] * inv,
+                                                                    macc[2 * dn + 1] * inv)
+                            if write_lse and t == 0:
+                                lse[b, hh, sq] = mu + math.log(tot) if tot > 0 else NEG_INF
                 if lane == 0:
                     counters[cidx] = 0
 
