@@ -406,3 +406,21 @@ def test_gpu_kernel_variants(monkeypatch, kernel, tile):
     rng = np.random.default_rng(17)
     check_decode(rng, "float16", 3, 2, 8, 2, 128, 3000, [3000, 1, 1500], page_size=16,
                  window=(900, -1), sinks=4, num_splits=7)
+
+
+@gpu
+@pytest.mark.parametrize("splits", [1, 6])
+def test_gpu_direct_launch_matches_dispatcher(monkeypatch, splits):
+    """The cuda.core launch (default) and Numba's dispatcher give identical bits."""
+    from numba_flash.cuda import decode as dec
+
+    rng = np.random.default_rng(23)
+    q = cp.asarray(rng.standard_normal((2, 1, 8, 128)).astype(np.float16))
+    k = cp.asarray(rng.standard_normal((2, 700, 2, 128)).astype(np.float16))
+    v = cp.asarray(rng.standard_normal((2, 700, 2, 128)).astype(np.float16))
+    lens = cp.asarray(np.array([700, 311], np.int32))
+    fast = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits, return_lse=True)
+    assert dec._FAST["on"] and dec._FAST["error"] is None
+    monkeypatch.setitem(dec._FAST, "on", False)
+    slow = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits, return_lse=True)
+    assert cp.array_equal(fast[0], slow[0]) and cp.array_equal(fast[1], slow[1])

@@ -532,22 +532,102 @@ def _counters(kind, device, n, stream):
     if kind == "numpy" or SIMULATOR:
         return np.zeros(max(n, 1), dtype=np.int32)
     key = (device, _stream_key(stream))
+    if key[1] is None:       # a stream we cannot identify: fresh zeros, never shared
+        return cuda.to_device(np.zeros(max(n, 1), dtype=np.int32))
     buf = _COUNTERS.get(key)
     if buf is None or buf.shape[0] < n:
         size = max(n, 1024, 2 * (buf.shape[0] if buf is not None else 0))
-        buf = cuda.to_device(np.zeros(size, dtype=np.int32), stream=stream)
+        buf = cuda.to_device(np.zeros(size, dtype=np.int32))     # synchronous: zeros first
         _COUNTERS.setdefault(("old",), []).append(_COUNTERS.get(key))   # never freed mid-flight
         _COUNTERS[key] = buf
     return buf
 
 
+# Direct launches (no dispatcher typing, no device-array wrappers): see launch.py's module
+# docstring; NUMBA_FLASH_SLOW_LAUNCH=1 turns them off, as for the forward kernels.
+_FAST = {"on": not SIMULATOR and os.environ.get("NUMBA_FLASH_SLOW_LAUNCH", "") != "1",
+         "error": None}
+_FAST_LAUNCHERS: dict = {}
+_WORD_ARRAYS = (0, 1, 2, 6)          # q, k, v, out: uint32 words of two 16-bit values
+_ELEMS = None
+
+
+def _elem_types():
+    global _ELEMS
+    if _ELEMS is None:
+        _ELEMS = (types.uint32, types.uint32, types.uint32, types.int32, types.int32,
+                  types.uint32, types.uint32, types.float32, types.float32, types.float32,
+                  types.int32)
+    return _ELEMS
+
+
+def _flat_param(x, kind, as_words):
+    """(layout, ndim, flattened Numba array parameters) of a kernel array argument."""
+    from . import launch
+
+    if type(x).__module__.startswith("numba"):   # a Numba device array (dummies, counters)
+        ptr = int(x.__cuda_array_interface__["data"][0] or 0)
+        shape, strides, itemsize = x.shape, x.strides, x.dtype.itemsize
+    else:
+        ptr, shape, strides, itemsize, _ = launch._interface(x, kind)
+    if as_words:
+        shape, strides = launch._as_words(ptr, shape, strides)
+        itemsize = 4
+    lay, flat = launch._flat_array(ptr, tuple(shape), tuple(strides), itemsize)
+    return lay, len(shape), flat
+
+
+def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, threads, stream,
+                     like):
+    """Launch the tensor-core kernel through cuda.core with packed parameters.
+
+    ``arrays``: the 10 array arguments before ``counters`` (user arrays or Numba device arrays);
+    the counters are appended here when the configuration folds the merge. Compiles (or loads
+    from Numba's disk cache) once per (configuration, layouts, device).
+    """
+    import ctypes
+
+    from . import launch
+
+    raw = launch._raw_stream_handle(stream, kind, like)
+    n_units = grid[1] * grid[2]
+    counters = _counters(kind, device, n_units, raw) if config[-1] else \
+        _dummy(kind, device, (1,), np.int32)
+    params, layouts = [], []
+    for i, x in enumerate(arrays + (counters,)):
+        lay, ndim, flat = _flat_param(x, kind, i in _WORD_ARRAYS)
+        layouts.append((lay, ndim))
+        params.extend(flat)
+    current = cuda.get_current_device().id
+    dev = current if device is None else device
+    ctx = cuda.gpus[dev] if dev != current else launch._nullcontext()
+    key = (config, tuple(layouts), dev)
+    core_kernel = _FAST_LAUNCHERS.get(key)
+    if core_kernel is None:
+        elems = _elem_types()
+        arg_types = [types.Array(e, nd, lay) for e, (lay, nd) in zip(elems, layouts)]
+        sig = types.void(*arg_types, types.int64, types.int64, types.int64, types.float32,
+                         types.float32, types.float32, *([types.int64] * 6))
+        with ctx:
+            kobj = mma_decode_kernel(*config).compile(sig)
+        core_kernel = _FAST_LAUNCHERS[key] = kobj._codelibrary.get_cufunc().kernel
+    params.extend(ctypes.c_int64(v) for v in ints)
+    params.extend(ctypes.c_float(v) for v in floats)
+    params.extend(ctypes.c_int64(v) for v in ints2)
+    with ctx:
+        launch._core_launch(launch._core_stream(raw), launch._launch_config(grid, threads),
+                            core_kernel, *params)
+
+
 def _stream_key(stream):
-    try:
-        return int(stream)
-    except (TypeError, ValueError):
-        handle = getattr(stream, "handle", None)
-        value = getattr(handle, "value", handle)
-        return value if isinstance(value, int) else id(stream)
+    """An int for a raw handle or a Numba stream (one stream, one key); None if unknown."""
+    if isinstance(stream, int):
+        return stream
+    handle = getattr(stream, "handle", None)
+    value = getattr(handle, "value", handle)
+    if isinstance(value, int):
+        return value
+    return 0 if value is None and handle is not None else None
 
 
 def mma_decode_kernel(*config):
@@ -698,6 +778,30 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     log2e = 1.0 / math.log(2.0)
     cap = float(softcap) if has_softcap else 1.0
     f32 = np.float32
+    if use_mma and kind != "numpy" and _FAST["on"] and (direct or _fold_merge()):
+        arrays = (q, k_cache, v_cache, block_table if paged else bt_arg, cache_seqlens, tree_arg,
+                  out, lse if return_lse else lse_arg,
+                  o_part if not direct else o_part_arg, lse_part if not direct else lse_part_arg)
+        config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
+                  has_tree, direct, bool(return_lse), block_n, stages, warps, not direct)
+        ints = (ratio, chunks, splits)
+        floats = (scale * log2e, scale / cap, cap * log2e)
+        ints2 = (left, right, int(sinks), tree_len, page_size, page_shift)
+        grid = (-(-splits // warps), batch, heads_kv * chunks)
+        try:
+            _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid,
+                             32 * warps, stream, q)
+            if kind == "cai" and is_bf16:
+                out = launch._BFloat16Array(out)
+            return (out, lse) if return_lse else out
+        except Exception as exc:  # noqa: BLE001 - keep working through the dispatcher
+            import warnings
+
+            _FAST["on"] = False
+            _FAST["error"] = repr(exc)
+            warnings.warn(f"numba_flash.decode: direct launch failed ({exc!r}); using Numba's "
+                          f"dispatcher from now on", RuntimeWarning)
+
     qa, ka, va, oa = (launch._kernel_array(x, kind, True) for x in (q, k_cache, v_cache, out))
     launch_stream = launch._resolve_stream(stream, kind, q)
     ctx = cuda.gpus[device] if (device is not None and not SIMULATOR) else launch._nullcontext()
