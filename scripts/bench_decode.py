@@ -116,8 +116,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="first shape only")
     ap.add_argument("--sweep", action="store_true", help="num_splits sweep (contiguous fp16)")
     ap.add_argument("--tiles", default="",
-                    help="tensor-core tile configurations 'bn,stages,warps;...' to sweep (with "
-                         "num_splits) on the contiguous fp16 cases")
+                    help="tensor-core configurations 'bn,stages,warps[,fold];...' to sweep (with "
+                         "num_splits) on the contiguous fp16 cases; fold 0 = separate merge")
     ap.add_argument("--no-bf16-paged", action="store_true", help="skip bfloat16 paged rows")
     ap.add_argument("--sanitize-case", action="store_true",
                     help="run one small paged decode (splits, tree mask) and exit: for "
@@ -205,7 +205,9 @@ def tile_sweep(spec, copy_bw, quick):
         q, k, v, lens, _ = make_inputs(b, hq, hkv, L, d, "float16", None)
         kv_bytes = 2 * b * L * hkv * d * q.element_size()
         for tile in spec.split(";"):
-            os.environ["NUMBA_FLASH_DECODE_TILE"] = tile
+            parts = tile.split(",")           # bn,stages,warps[,fold 0/1]
+            os.environ["NUMBA_FLASH_DECODE_TILE"] = ",".join(parts[:3])
+            os.environ["NUMBA_FLASH_DECODE_FOLD"] = parts[3] if len(parts) > 3 else "1"
             units = b * hkv * -(-(hq // hkv) // dec.MMA_ROWS)
             auto = dec.auto_num_splits_mma(units, L, torch.cuda.get_device_properties(0)
                                            .multi_processor_count)
@@ -222,6 +224,7 @@ def tile_sweep(spec, copy_bw, quick):
         del q, k, v, lens
         torch.cuda.empty_cache()
     os.environ.pop("NUMBA_FLASH_DECODE_TILE", None)
+    os.environ.pop("NUMBA_FLASH_DECODE_FOLD", None)
     return out
 
 
