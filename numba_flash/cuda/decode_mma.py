@@ -86,7 +86,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     ``block_n`` a multiple of 16, ``stages`` in 2..4, within 48 KB of static shared memory.
     """
     D = head_dim
-    DW = D // 2
     KS = D // 16                  # k-steps of Q K^T
     ND = D // 8                   # n-tiles of the output
     CPR = D // 8                  # 16-byte chunks per row
