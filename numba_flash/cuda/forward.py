@@ -80,12 +80,14 @@ def mma_m_tiles(head_dim: int) -> int:
 
     Two m-tiles let every K/V fragment a warp loads from shared memory feed twice the HMMAs
     (shared-memory bandwidth per HMMA is what limits one m-tile; docs/perf-notes.md).
-    ``NUMBA_FLASH_MMA_M_TILES`` (1 or 2) overrides the default, for tuning experiments.
+    ``NUMBA_FLASH_MMA_M_TILES`` (1 or 2) overrides the default up to head_dim 128.
     """
     forced = os.environ.get("NUMBA_FLASH_MMA_M_TILES")
     if forced and head_dim <= 128:
         return int(forced)
-    return 1
+    # At head_dim 128 two m-tiles need 32-key tiles and still exceed 255 registers (13 spill
+    # reloads per tile); one m-tile there is spill-free. See docs/perf-notes.md.
+    return 2 if head_dim <= 96 else 1
 
 
 def mma_block_m(head_dim: int) -> int:
@@ -145,7 +147,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     DW = D // 2
     KS, NS, NP, ND = D // 16, BN // 8, BN // 16, D // 8
     SF, OF = NS * 4, ND * 4
-    S_N, ACC_N, RUN_N = SF * MT, OF * MT, 2 * MT   # local-array sizes
+    S_N, ACC_N, RUN_N, PK_N = SF * MT, OF * MT, 2 * MT, SF * MT // 2   # local-array sizes
     Q_SMEM = mma_q_in_smem(D) or MT > 1
     QF = 4 if Q_SMEM else KS * 4          # Q fragment registers (unused when Q is in smem)
     SWZ = mma_swizzled(D)
@@ -228,6 +230,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         qf = cuda.local.array(QF, types.uint32)
         s = cuda.local.array(S_N, types.float32)           # m-tile mt: s[mt * SF:(mt + 1) * SF]
         acc = cuda.local.array(ACC_N, types.float32)
+        pk = cuda.local.array(PK_N, types.uint32)         # P as 16-bit pairs, same order as s
         # Running max and sum of rows g and g + 8 of each m-tile (index 2 * mt + half).
         m_run = cuda.local.array(RUN_N, types.float32)
         l_run = cuda.local.array(RUN_N, types.float32)
@@ -389,11 +392,9 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                         s[j + 6] = c2
                         s[j + 7] = c3
 
-            # Scores to base-2 logits with the mask applied; row maxima. Element e of n-tile j
-            # of m-tile mt: row g (e < 2) or g + 8 of the m-tile, key k0 + 8 j + 2 t + (e & 1).
-            # The m-tile loop is innermost so that every loop here unrolls fully.
-            for i in range(RUN_N):
-                mx[i] = np.float32(NEG_INF)
+            # Scores to base-2 logits, mask, row maxima. Element e of n-tile j of m-tile mt: row
+            # g (e < 2) or g + 8 of the m-tile, key k0 + 8 j + 2 t + (e & 1). The m-tile loop is
+            # innermost so that every loop here unrolls fully.
             for j in range(NS):
                 for e in range(4):
                     kpos = k0 + j * 8 + 2 * t + (e & 1)
@@ -403,12 +404,18 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                             x = cap_out * math.tanh(cap_in * x)
                         else:
                             x = x * scale_log2
-                        qpos = wrow + mt * 16 + g + offset
-                        if e >= 2:
-                            qpos += 8
                         if ALIBI:
+                            qpos = wrow + mt * 16 + g + 8 * (e >> 1) + offset
                             x -= slope * abs(qpos - kpos)
-                        if not full:
+                        s[mt * SF + j * 4 + e] = x
+            # Per-element masking in its own pass behind one block-uniform branch, so that
+            # tiles without masked pairs run straight-line code.
+            if not full:
+                for j in range(NS):
+                    for e in range(4):
+                        kpos = k0 + j * 8 + 2 * t + (e & 1)
+                        for mt in range(MT):
+                            qpos = wrow + mt * 16 + g + 8 * (e >> 1) + offset
                             vis = True
                             if has_left:
                                 vis = kpos >= qpos - window_left
@@ -425,10 +432,14 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                                 else:
                                     vis = mod(b, h, qpos, kpos)
                             if kpos >= seqlen_k or not vis:
-                                x = np.float32(NEG_INF)
-                        s[mt * SF + j * 4 + e] = x
+                                s[mt * SF + j * 4 + e] = np.float32(NEG_INF)
+            for i in range(RUN_N):
+                mx[i] = np.float32(NEG_INF)
+            for j in range(NS):
+                for e in range(4):
+                    for mt in range(MT):
                         r = 2 * mt + (e >> 1)
-                        mx[r] = max(mx[r], x)
+                        mx[r] = max(mx[r], s[mt * SF + j * 4 + e])
             for r in range(RUN_N):
                 # The 4 lanes of a quad hold one row: reduce across them.
                 x = mx[r]
@@ -440,13 +451,16 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 alpha[r] = exp2(m_run[r] - mu[r])
                 m_run[r] = m_new
                 mx[r] = np.float32(0.0)      # from here on: this tile's row sums
+            # P = exp2(S - m), packed at once to 16-bit pairs (the A operand of P V): half the
+            # registers of the fp32 scores stay live across the barrier below.
             for j in range(NS):
-                for e in range(4):
+                for e in range(0, 4, 2):
                     for mt in range(MT):
                         r = 2 * mt + (e >> 1)
-                        pe = exp2(s[mt * SF + j * 4 + e] - mu[r])
-                        s[mt * SF + j * 4 + e] = pe
-                        mx[r] += pe
+                        p0 = exp2(s[mt * SF + j * 4 + e] - mu[r])
+                        p1 = exp2(s[mt * SF + j * 4 + e + 1] - mu[r])
+                        mx[r] += p0 + p1
+                        pk[(mt * SF + j * 4 + e) >> 1] = pack16(BF16, p0, p1)
             for r in range(RUN_N):
                 # per-lane partial sums; the quad is summed once at the end
                 l_run[r] = l_run[r] * alpha[r] + mx[r]
@@ -469,17 +483,17 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits;
             # each V fragment feeds the m-tiles (a*: m-tile 0, e*: m-tile 1).
             for kb in range(NP):
-                j = kb * 8
-                a0 = pack16(BF16, s[j], s[j + 1])
-                a1 = pack16(BF16, s[j + 2], s[j + 3])
-                a2 = pack16(BF16, s[j + 4], s[j + 5])
-                a3 = pack16(BF16, s[j + 6], s[j + 7])
+                j = kb * 4
+                a0 = pk[j]
+                a1 = pk[j + 1]
+                a2 = pk[j + 2]
+                a3 = pk[j + 3]
                 if MT > 1:
-                    j += SF
-                    e0 = pack16(BF16, s[j], s[j + 1])
-                    e1 = pack16(BF16, s[j + 2], s[j + 3])
-                    e2 = pack16(BF16, s[j + 4], s[j + 5])
-                    e3 = pack16(BF16, s[j + 6], s[j + 7])
+                    j += SF // 2
+                    e0 = pk[j]
+                    e1 = pk[j + 1]
+                    e2 = pk[j + 2]
+                    e3 = pk[j + 3]
                 for dd in range(ND // 2):
                     b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, (dd * 8 + v_col) ^ swz)
                     o = 8 * dd
