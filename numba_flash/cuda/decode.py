@@ -480,8 +480,15 @@ def auto_num_splits(blocks: int, keys: int, sm_count: int) -> int:
 # ----------------------------------------------------------------------------- tensor-core path
 
 _MMA_KERNELS: dict = {}
-MMA_TILE = (32, 2, 1)        # (keys per tile, cp.async stages, warps per block): see docs/decode.md
-MMA_WARPS_PER_SM = 3         # "auto" aims at this many warps per multiprocessor (H100 sweep)
+# (keys per tile, cp.async stages, warps per block) and the warps per multiprocessor "auto"
+# aims at, from the H100 sweeps in docs/decode.md. Paged caches look every key's page up before
+# its copy can start, which adds a dependent load per tile: they keep three stages (two tiles
+# in flight) and more warps.
+MMA_TILE = (32, 2, 1)
+MMA_WARPS_PER_SM = 3
+MMA_TILE_PAGED = (16, 3, 1)
+MMA_WARPS_PER_SM_PAGED = 8
+SHORT_SPLIT_KEYS = 1024      # fewer keys per split than this: one more warp per SM
 
 
 def _use_mma(head_dim: int) -> bool:
@@ -490,28 +497,33 @@ def _use_mma(head_dim: int) -> bool:
         os.environ.get("NUMBA_FLASH_DECODE_KERNEL", "mma") != "fma"
 
 
-def mma_tile(head_dim: int) -> tuple[int, int, int]:
+def mma_tile(head_dim: int, paged: bool = False) -> tuple[int, int, int]:
     """(block_n, stages, warps) of the tensor-core kernel; NUMBA_FLASH_DECODE_TILE="32,2,1"
     overrides it (tuning runs)."""
     forced = os.environ.get("NUMBA_FLASH_DECODE_TILE")
     if forced:
         bn, st, nw = (int(x) for x in forced.split(","))
         return bn, st, nw
-    return MMA_TILE
+    return MMA_TILE_PAGED if paged else MMA_TILE
 
 
 def auto_num_splits_mma(units: int, keys: int, sm_count: int,
-                        warps_per_sm: int = MMA_WARPS_PER_SM) -> int:
+                        warps_per_sm: int = MMA_WARPS_PER_SM, short_keys: int = SHORT_SPLIT_KEYS
+                        ) -> int:
     """Splits for the tensor-core kernel, whose unit of work is one warp.
 
     ``units``: warps without splitting (B * heads_kv * row_chunks); ``keys``: an upper bound of
     the keys a unit visits. The most splits whose warps stay within ``warps_per_sm * sm_count``
-    (rounding down), at least MIN_KEYS_PER_SPLIT keys per split, at most MAX_SPLITS; 1 when
-    the units alone reach that. The H100 sweep (docs/decode.md) peaks at about 3 warps per
-    multiprocessor (~400 warps): 12-16 KB of cp.async copies in flight per warp is already
-    enough, and more splits only add partial states and tail.
+    (rounding down); if a split would then hold fewer than ``short_keys`` keys (a short call,
+    where the per-warp start and the merge weigh more), one more warp per multiprocessor. At
+    least MIN_KEYS_PER_SPLIT keys per split, at most MAX_SPLITS; 1 when the units alone fill
+    the target. The H100 sweep (docs/decode.md) peaks at about 3 warps per multiprocessor for
+    contiguous caches (~400 warps; one warp keeps 16-32 KB of copies in flight).
     """
-    want = (warps_per_sm * sm_count) // max(units, 1)
+    units = max(units, 1)
+    want = (warps_per_sm * sm_count) // units
+    if want > 1 and short_keys and keys // want < short_keys:
+        want = ((warps_per_sm + 1) * sm_count) // units
     by_len = max(1, keys // MIN_KEYS_PER_SPLIT)
     return int(max(1, min(want, by_len, MAX_SPLITS)))
 
@@ -710,7 +722,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     m_rows = ratio * seqlen_q
     use_mma = _use_mma(head_dim)
     if use_mma:
-        block_n, stages, warps = mma_tile(head_dim)
+        block_n, stages, warps = mma_tile(head_dim, paged)
         chunks = -(-m_rows // MMA_ROWS)
         rows = MMA_ROWS
     else:
@@ -733,7 +745,11 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         if has_left:
             keys = min(keys, left + seqlen_q + max(right, 0) + int(sinks))
         if use_mma:
-            splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device))
+            if paged:
+                splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device),
+                                             MMA_WARPS_PER_SM_PAGED, 0)
+            else:
+                splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device))
         else:
             splits = auto_num_splits(batch * heads_kv * chunks, keys, _sm_count(device))
     else:
