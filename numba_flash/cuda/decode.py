@@ -1,6 +1,12 @@
-"""Split-KV decode kernel (FlashDecoding): few query rows, a long (optionally paged) KV cache.
+"""Split-KV decode (FlashDecoding): few query rows, a long (optionally paged) KV cache.
 
-One block of ``DECODE_WARPS`` warps per (split, batch item, kv head, row chunk). The query rows
+This module holds the launcher (``decode_cuda``) and split heuristics for both decode kernels,
+and the CUDA-core kernel. float16 / bfloat16 with head_dim a multiple of 16 up to 128 go to
+the tensor-core kernel of ``decode_mma.py`` (merge folded in, direct cuda.core launch); other
+head_dims (256) and ``NUMBA_FLASH_DECODE_KERNEL=fma`` use the CUDA-core kernel below, whose
+splits ``merge.py``'s kernel combines. docs/decode.md describes both and the measurements.
+
+CUDA-core kernel: one block of ``DECODE_WARPS`` warps per (split, batch item, kv head, row chunk). The query rows
 of every query head that shares the kv head (GQA packing: ``group * seqlen_q`` rows, in chunks
 of at most ``MAX_ROWS``) sit in registers, so each K/V byte of a split is read once per chunk.
 
@@ -12,7 +18,8 @@ Decoding is memory-bound, so the kernel is built around its loads, not its arith
 * every lane issues all its K and V loads of an iteration (``U`` keys, 8 x 16 bytes of K and as
   many of V) before using any, so a warp keeps ~8 KiB in flight.
 * scores are FMA dot products in fp32, reduced over the ``LPK`` lanes of a key with
-  ``log2(LPK)`` xor-shuffles; tensor cores would not help (4 to 8 rows per kv head).
+  ``log2(LPK)`` xor-shuffles (2 FMA per K/V element and row: compute-bound at 8 rows, which is
+  why the tensor-core kernel exists).
 * each key group (the ``LPK`` lanes of one key) keeps its own online-softmax state (m, l, acc);
   all of them merge once, at the end, through shared memory (no shuffles).
 
