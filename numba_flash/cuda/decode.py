@@ -6,8 +6,8 @@ the tensor-core kernel of ``decode_mma.py`` (merge folded in, direct cuda.core l
 head_dims (256) and ``NUMBA_FLASH_DECODE_KERNEL=fma`` use the CUDA-core kernel below, whose
 splits ``merge.py``'s kernel combines. docs/decode.md describes both and the measurements.
 
-CUDA-core kernel: one block of ``DECODE_WARPS`` warps per (split, batch item, kv head, row chunk). The query rows
-of every query head that shares the kv head (GQA packing: ``group * seqlen_q`` rows, in chunks
+CUDA-core kernel: one block of ``DECODE_WARPS`` warps per (split, batch item, kv head, row
+chunk). The query rows of every query head that shares the kv head (GQA packing: ``group * seqlen_q`` rows, in chunks
 of at most ``MAX_ROWS``) sit in registers, so each K/V byte of a split is read once per chunk.
 
 Decoding is memory-bound, so the kernel is built around its loads, not its arithmetic:
@@ -838,7 +838,8 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
                                      stages, warps, fold)
             kern[(-(-splits // warps), batch, heads_kv * chunks), 32 * warps, launch_stream](
                 qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
-                counters, ratio, chunks, splits, f32(scale * log2e), f32(scale / cap), f32(cap * log2e),
+                counters, ratio, chunks, splits, f32(scale * log2e), f32(scale / cap),
+                f32(cap * log2e),
                 left, right, int(sinks), tree_len, page_size, page_shift)
         else:
             kern = decode_kernel(head_dim, is_bf16, rows, paged, has_left, has_right, has_sinks,

@@ -15,7 +15,8 @@ byte of a split is read once for all of them:
 A block holds ``WARPS`` independent warps: warp w of block x is split ``x * WARPS + w`` (more
 warps per block only pack more splits per block; they never communicate). With one split the
 warp writes the output and lse directly, else an fp32 partial state (normalised o, natural-log
-lse) for the merge kernel. Masks as in decode.py's CUDA-core kernel: window / sinks / a draft
+lse); the last warp of each chunk to finish then merges them (``fold``), or merge.py's kernel
+does in a second launch. Masks as in decode.py's CUDA-core kernel: window / sinks / a draft
 tree of at most 64 nodes, keys counted on the same "virtual" axis (sink keys, then the window).
 """
 from __future__ import annotations
@@ -69,8 +70,8 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
-    lse_part, counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out, window_left,
-    window_right, sinks, tree_len, page_size, page_shift)``, arrays as in decode.py's kernel:
+    lse_part, counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out,
+    window_left, window_right, sinks, tree_len, page_size, page_shift)``, arrays as in decode.py's kernel:
     q uint32 (B, Sq, Hq, D/2); k, v uint32 (B, S_max, Hkv, D/2) or paged (num_pages, page_size,
     Hkv, D/2) with block_table int32 (B, max_pages); cache_seqlens int32 (B,); tree_bits uint32
     (Sq, 2); direct: out uint32 (B, Sq, Hq, D/2), lse float32 (B, Hq, Sq); else o_part float32
@@ -102,12 +103,14 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     BF16 = bool(is_bf16)
     FOLD = bool(fold) and not direct
     NEG_INF = -math.inf
-    if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4:
-        raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, head_dim {D}")
+    if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4 or mma_smem_bytes(D, BN, S, NW) > 49152:
+        raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, warps {NW} at "
+                         f"head_dim {D} (block_n a multiple of 16, stages 2..4, K/V rings within "
+                         f"48 KB of shared memory)")
 
     def kernel(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part, lse_part,
-               counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out, window_left,
-               window_right, sinks, tree_len, page_size, page_shift):
+               counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out,
+               window_left, window_right, sinks, tree_len, page_size, page_shift):
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
