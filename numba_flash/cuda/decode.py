@@ -7,8 +7,9 @@ head_dims (256) and ``NUMBA_FLASH_DECODE_KERNEL=fma`` use the CUDA-core kernel b
 splits ``merge.py``'s kernel combines. docs/decode.md describes both and the measurements.
 
 CUDA-core kernel: one block of ``DECODE_WARPS`` warps per (split, batch item, kv head, row
-chunk). The query rows of every query head that shares the kv head (GQA packing: ``group * seqlen_q`` rows, in chunks
-of at most ``MAX_ROWS``) sit in registers, so each K/V byte of a split is read once per chunk.
+chunk). The query rows of every query head that shares the kv head (GQA packing:
+``group * seqlen_q`` rows, in chunks of at most ``MAX_ROWS``) sit in registers, so each K/V byte
+of a split is read once per chunk.
 
 Decoding is memory-bound, so the kernel is built around its loads, not its arithmetic:
 
