@@ -7,8 +7,11 @@ and bfloat16; contiguous caches and paged ones (page sizes 16 and 64, shuffled b
 
     python scripts/bench_decode.py --out bench_decode.json --plot bench_decode.png [--quick]
         [--sweep]   # also time num_splits = 1, 2, 4, ..., 128 on the contiguous float16 cases
+        [--tiles "32,2,1;32,2,1,0;48,2,1"]   # tensor-core tiles (bn, stages, warps[, fold])
+                    # x num_splits around each one's auto choice, contiguous float16
+        [--no-bf16-paged]   # skip the bfloat16 paged rows (shorter runs)
 
-Timing: each measurement enqueues a ~0.2 s spin kernel first (torch.cuda._sleep), then REPS calls
+Timing: each measurement enqueues a ~0.08 s spin kernel first (torch.cuda._sleep), then REPS calls
 back to back between two CUDA events, so the GPU never waits for Python and the time is the
 GPU's (median of 5 such rounds, divided by REPS). The per-call host overhead of each library is
 reported separately ("call us": one call between events, GPU idle before it).
