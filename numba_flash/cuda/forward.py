@@ -204,8 +204,6 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         g = lane >> 2
         t = lane & 3
         # ldmatrix row addresses: lanes 8m..8m+7 address matrix m.
-        k_row = (lane >> 4) * 8 + (lane & 7)
-        k_col = ((lane >> 3) & 1) * 4
         v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
         v_col = (lane >> 4) * 4
         # Every ldmatrix row this lane addresses is = lane (mod 8): one swizzle term per thread.
@@ -363,7 +361,10 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                     e0, e1, e2, e3 = ldmatrix_x4(qs, warp * WROWS + 16 + v_row,
                                                  (kk * 8 + v_col) ^ swz)
                 for jj in range(NS // 2):
-                    b0, b1, b2, b3 = ldmatrix_x4(ks, jj * 16 + k_row, (kk * 8 + k_col) ^ swz)
+                    # Same lane addressing as the Q and V loads (one set of swizzled column
+                    # offsets for all three): matrices (keys 0-7, k 0-7), (keys 8-15, k 0-7),
+                    # (keys 0-7, k 8-15), (keys 8-15, k 8-15) -> b0, b2, b1, b3.
+                    b0, b2, b1, b3 = ldmatrix_x4(ks, jj * 16 + v_row, (kk * 8 + v_col) ^ swz)
                     j = 8 * jj
                     c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3,
                                            b0, b1, s[j], s[j + 1], s[j + 2], s[j + 3])
