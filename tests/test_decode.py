@@ -427,3 +427,19 @@ def test_gpu_direct_launch_matches_dispatcher(monkeypatch, splits):
     monkeypatch.setitem(dec._FAST, "on", False)
     slow = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits, return_lse=True)
     assert cp.array_equal(fast[0], slow[0]) and cp.array_equal(fast[1], slow[1])
+
+
+def test_counter_buffers_keyed_by_stream():
+    """The folded merge's arrival counters are shared only by launches on one stream."""
+    import ctypes
+
+    from numba_flash.cuda.decode import _stream_key
+
+    class Numbaish:
+        def __init__(self, value):
+            self.handle = ctypes.c_void_p(value)
+
+    assert _stream_key(7) == 7
+    assert _stream_key(Numbaish(1234)) == 1234
+    assert _stream_key(Numbaish(None)) == 0            # the legacy default stream
+    assert _stream_key(object()) is None               # unknown: fresh zeros, never shared
