@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -20,7 +19,8 @@ from numba_flash.cuda.warp import SIMULATOR
 from numba_flash_reference.attention import attention as reference
 from numba_flash_reference.masks import CausalMask, visible_matrix
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
+from gpu_arrays import BF16, poison_outputs, to_device as _to_device, to_host as _to_host
+
 DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32),
           "float64": np.dtype(np.float64)}
 ATOL = {"float16": 1e-4, "bfloat16": 5e-4, "float32": 1e-6, "float64": 1e-12}
@@ -32,45 +32,11 @@ if not SIMULATOR:
 
 @pytest.fixture(autouse=True)
 def _nan_poisoned_outputs(monkeypatch):
-    """Every output the launcher allocates starts as NaN, so an unwritten element fails."""
-    original = launch._empty_like_kind
-
-    def poisoned(kind, like, shape, dtype_name):
-        arr = original(kind, like, shape, dtype_name)
-        if kind == "torch":
-            arr.fill_(float("nan"))
-        elif kind == "numpy" or dtype_name != "bfloat16":
-            arr[...] = np.nan
-        return arr
-
-    monkeypatch.setattr(launch, "_empty_like_kind", poisoned)
+    poison_outputs(monkeypatch)
 
 
 def _random(rng, shape, dtype_name):
     return rng.standard_normal(shape).astype(DTYPES[dtype_name])
-
-
-def _to_device(x):
-    """NumPy (simulator) stays NumPy; on a GPU: CuPy, or a torch tensor for bfloat16."""
-    if SIMULATOR:
-        return x
-    if x.dtype == BF16:
-        import torch
-
-        return torch.from_numpy(x.view(np.uint16).astype(np.int16)).view(torch.bfloat16).cuda()
-    return cp.asarray(x)
-
-
-def _to_host(x):
-    if isinstance(x, np.ndarray):
-        return x
-    if type(x).__module__.startswith("torch"):
-        import torch
-
-        if x.dtype == torch.bfloat16:
-            return x.view(torch.int16).cpu().numpy().view(BF16)
-        return x.cpu().numpy()
-    return cp.asnumpy(x)
 
 
 def naive_same_dtype(q, k, v, scale, visible, softcap=None, bias=None):

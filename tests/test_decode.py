@@ -7,13 +7,11 @@ as NaN so an unwritten element fails.
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import numba_flash
 from numba_flash import masks
-from numba_flash.cuda import launch
 from numba_flash.cuda.decode import (auto_num_splits, auto_num_splits_mma, decode_geometry,
                                      tree_row_bits)
 from numba_flash.cuda.warp import SIMULATOR
@@ -21,7 +19,8 @@ from numba_flash.decode import gather_cache
 from numba_flash_reference.attention import attention as reference
 from numba_flash_reference.masks import TreeMask, visible_matrix
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
+from gpu_arrays import BF16, poison_outputs, to_device as _dev, to_host as _host
+
 DT = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
 ATOL = {"float16": 1e-4, "bfloat16": 5e-4, "float32": 1e-6}
 gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
@@ -31,39 +30,7 @@ if not SIMULATOR:
 
 @pytest.fixture(autouse=True)
 def _nan_poisoned_outputs(monkeypatch):
-    original = launch._empty_like_kind
-
-    def poisoned(kind, like, shape, dtype_name):
-        arr = original(kind, like, shape, dtype_name)
-        if kind == "torch":
-            arr.fill_(float("nan"))
-        elif kind == "numpy" or dtype_name != "bfloat16":
-            arr[...] = np.nan
-        return arr
-
-    monkeypatch.setattr(launch, "_empty_like_kind", poisoned)
-
-
-def _dev(x):
-    if SIMULATOR:
-        return x
-    if x.dtype == BF16:
-        import torch
-
-        return torch.from_numpy(x.view(np.uint16).astype(np.int16)).view(torch.bfloat16).cuda()
-    return cp.asarray(x)
-
-
-def _host(x):
-    if isinstance(x, np.ndarray):
-        return x
-    if type(x).__module__.startswith("torch"):
-        import torch
-
-        if x.dtype == torch.bfloat16:
-            return x.view(torch.int16).cpu().numpy().view(BF16)
-        return x.cpu().numpy()
-    return cp.asnumpy(x)
+    poison_outputs(monkeypatch)
 
 
 def _dev_int(x, like):

@@ -1,0 +1,57 @@
+"""Shared helpers of the kernel test files: moving arrays to the device and back (NumPy in the
+CUDA simulator; CuPy on a GPU, PyTorch tensors for bfloat16) and NaN-poisoning every output the
+launchers allocate, so that an element a kernel forgets to write fails the test."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from numba_flash.cuda import launch
+from numba_flash.cuda.warp import SIMULATOR
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+
+
+def to_device(x):
+    """NumPy (simulator) stays NumPy; on a GPU: CuPy, or a torch tensor for bfloat16."""
+    if SIMULATOR:
+        return x
+    if x.dtype == BF16:
+        import torch
+
+        return torch.from_numpy(x.view(np.uint16).astype(np.int16)).view(torch.bfloat16).cuda()
+    import cupy as cp
+
+    return cp.asarray(x)
+
+
+def to_host(x):
+    """A NumPy copy of a NumPy, CuPy or torch array (bfloat16 as ml_dtypes.bfloat16)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        if x.dtype == torch.bfloat16:
+            return x.view(torch.int16).cpu().numpy().view(BF16)
+        return x.cpu().numpy()
+    import cupy as cp
+
+    return cp.asnumpy(x)
+
+
+def poison_outputs(monkeypatch):
+    """Make ``launch._empty_like_kind`` return NaN-filled arrays for the rest of the test."""
+    original = launch._empty_like_kind
+
+    def poisoned(kind, like, shape, dtype_name):
+        arr = original(kind, like, shape, dtype_name)
+        if kind == "torch":
+            arr.fill_(float("nan"))
+        elif kind == "numpy" or dtype_name != "bfloat16":
+            arr[...] = np.nan
+        return arr
+
+    monkeypatch.setattr(launch, "_empty_like_kind", poisoned)
