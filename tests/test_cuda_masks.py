@@ -209,3 +209,28 @@ def test_gpu_interval_memory_is_linear():
     plan = plan_mask(m, 1, 1, n, n, 64, 64, False, 0)
     nbytes = plan.iv.nbytes + plan.mm.nbytes
     assert nbytes == 16 * n + 32 * (n // 64)
+
+
+def _far_masks(sq, sk):
+    """Masks whose visible key tiles lie in the first and in the second group of 32 tiles."""
+    rng = np.random.default_rng(sk)
+    dense = np.zeros((sq, sk), bool)
+    dense[:, :19] = True
+    dense[:, sk - 70:] = rng.random((sq, 70)) < 0.5        # not interval-representable
+    return [(masks.global_sliding_window(16, 40), {}),
+            (masks.from_dense(dense), {}),
+            (masks.causal_document([sk - 100, 100]), dict(window_size=(50, 0), sinks=3)),
+            (masks.document([sk - 130, 130]), {})]
+
+
+@pytest.mark.parametrize("dtype_name,sk", [("float32", 1100), ("float16", 2200)])
+def test_kernel_tile_walk_past_32_tiles(dtype_name, sk):
+    """The walk classifies 32 key tiles per warp vote: masks whose visible tiles sit in a later
+    group (and sinks before a distant window) must still be found (FMA: 32-key tiles, 35 of
+    them; tensor cores: 64-key tiles, 35 of them)."""
+    rng = np.random.default_rng(11)
+    sq = 5
+    for mask, kw in _far_masks(sq, sk):
+        from numba_flash.cuda.maskplan import mask_encoding
+        assert mask_encoding(mask, sq, sk) in ("intervals", "bitmask")
+        _attention_case(rng, dtype_name, 1, sq, sk, 1, 1, 32, mask, **kw)

@@ -29,9 +29,9 @@ from numba import cuda
 from numba.cuda import types
 
 from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
-                      interval_visible, tile_class)
+                      chunk_classes, interval_visible, interval_visible2)
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
-                   ldmatrix_x4_trans, mma16, pack16, shfl_xor)
+                   ldmatrix_x4_trans, lowest_bit, mma16, pack16, shfl_xor)
 
 __all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "FMA_BLOCK_M",
            "mma_block_n", "fma_block_n"]
@@ -243,15 +243,25 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         l0 = np.float32(0.0)
         l1 = np.float32(0.0)
 
-        # Mask object: skip the tiles it masks entirely (never loaded), from the first on.
+        # Mask object: its skipped tiles are never loaded. Tiles are classified 32 at a time
+        # (lane i: tile base + i) into block-uniform bit sets of visible / full tiles (warp
+        # votes), and the walk jumps from set bit to set bit: no serial chain of class loads.
         r_lo = qtile * BM
         r_hi = min(r_lo + BM, seqlen_q)
         tile = first
+        base = first
+        vbits = np.int64(0)
+        fbits = np.int64(0)
         if KIND != NONE:
-            while tile <= last and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 0:
-                tile += 1
-                if has_sinks and tile >= sink_tiles and tile < tile_lo:
-                    tile = tile_lo
+            vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
+                                         tile_hi, sink_tiles, r_lo, r_hi)
+            while vbits == 0 and base + 32 <= last:
+                base += 32
+                if has_sinks and base >= sink_tiles and base < tile_lo:
+                    base = tile_lo
+                vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
+                                             tile_hi, sink_tiles, r_lo, r_hi)
+            tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
         if tile <= last:
             if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
                 for it in range(Q_CHUNK_ITERS):
@@ -276,11 +286,17 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             nxt = tile + 1
             if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
                 nxt = tile_lo
+            mask_full = True
             if KIND != NONE:
-                while nxt <= last and tile_class(KIND, mk_mm, mk_tab, tb, qtile, nxt, r_lo, r_hi) == 0:
-                    nxt += 1
-                    if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
-                        nxt = tile_lo
+                mask_full = ((fbits >> (tile - base)) & 1) != 0
+                vbits &= vbits - 1          # drop this tile; the next set bit is nxt
+                while vbits == 0 and base + 32 <= last:
+                    base += 32
+                    if has_sinks and base >= sink_tiles and base < tile_lo:
+                        base = tile_lo
+                    vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
+                                                 tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
+                nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1
             in_window = tile >= tile_lo and tile <= tile_hi
             k0 = tile * BN
             # Is every (row, key) pair of this tile visible? Then no per-element mask.
@@ -291,8 +307,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 full = full and k0 + BN - 1 <= q_lo + window_right
             if has_sinks:
                 full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
-            if KIND != NONE:
-                full = full and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 2
+            full = full and mask_full
 
             cp_async_wait_all()
             cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
@@ -336,42 +351,63 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
 
             mx0 = np.float32(NEG_INF)
             mx1 = np.float32(NEG_INF)
+            word0 = np.uint32(0)
+            word1 = np.uint32(0)
             for j in range(NS):
-                for e in range(4):
-                    x = s[j * 4 + e]
-                    if has_softcap:
-                        x = cap_out * math.tanh(cap_in * x)
-                    else:
-                        x = x * scale_log2
-                    kpos = k0 + j * 8 + 2 * t + (e & 1)
-                    qpos = qpos0
-                    if e >= 2:
-                        qpos = qpos1
-                    if ALIBI:
-                        x -= slope * abs(qpos - kpos)
+                if KIND == BITMASK and not full:
+                    # Keys k0 + 8j .. k0 + 8j + 7 share one 32-bit word per row.
+                    wcol = min((k0 + j * 8) >> 5, mk_bits.shape[1] - 1)
+                    word0 = mk_bits[min(row0, seqlen_q - 1), wcol]
+                    word1 = mk_bits[min(row1, seqlen_q - 1), wcol]
+                for c in range(2):
+                    kpos = k0 + j * 8 + 2 * t + c
+                    # Visibility of (row0, kpos) and (row1, kpos); one column's mask data serves
+                    # both rows (4 interval bounds or 1 bit per row, loaded unconditionally).
+                    vis0 = True
+                    vis1 = True
                     if not full:
-                        vis = True
                         if has_left:
-                            vis = kpos >= qpos - window_left
+                            vis0 = kpos >= qpos0 - window_left
+                            vis1 = kpos >= qpos1 - window_left
                         if has_right:
-                            vis = vis and kpos <= qpos + window_right
+                            vis0 = vis0 and kpos <= qpos0 + window_right
+                            vis1 = vis1 and kpos <= qpos1 + window_right
                         if has_sinks:
-                            vis = vis or (kpos < sinks and kpos <= qpos)
-                        row = qpos - offset
-                        if KIND != NONE and vis and kpos < seqlen_k and row < seqlen_q:
-                            if KIND == INTERVALS:
-                                vis = interval_visible(mk_iv, row, kpos)
-                            elif KIND == BITMASK:
-                                vis = bit_visible(mk_bits, row, kpos)
-                            else:
-                                vis = mod(b, h, qpos, kpos)
-                        if kpos >= seqlen_k or not vis:
+                            vis0 = vis0 or (kpos < sinks and kpos <= qpos0)
+                            vis1 = vis1 or (kpos < sinks and kpos <= qpos1)
+                        if KIND == INTERVALS:
+                            iv0, iv1 = interval_visible2(mk_iv, min(kpos, seqlen_k - 1), row0, row1)
+                            vis0 = vis0 and iv0
+                            vis1 = vis1 and iv1
+                        elif KIND == BITMASK:
+                            sh = (k0 + j * 8 + 2 * t + c) & 31
+                            vis0 = vis0 and ((word0 >> sh) & 1) != 0
+                            vis1 = vis1 and ((word1 >> sh) & 1) != 0
+                        elif KIND == MASK_MOD:
+                            if kpos < seqlen_k:
+                                if vis0 and row0 < seqlen_q:
+                                    vis0 = mod(b, h, qpos0, kpos)
+                                if vis1 and row1 < seqlen_q:
+                                    vis1 = mod(b, h, qpos1, kpos)
+                        vis0 = vis0 and kpos < seqlen_k
+                        vis1 = vis1 and kpos < seqlen_k
+                    for r in range(2):
+                        e = c + 2 * r
+                        x = s[j * 4 + e]
+                        if has_softcap:
+                            x = cap_out * math.tanh(cap_in * x)
+                        else:
+                            x = x * scale_log2
+                        qpos = qpos0 if r == 0 else qpos1
+                        if ALIBI:
+                            x -= slope * abs(qpos - kpos)
+                        if not (vis0 if r == 0 else vis1):
                             x = np.float32(NEG_INF)
-                    s[j * 4 + e] = x
-                    if e < 2:
-                        mx0 = max(mx0, x)
-                    else:
-                        mx1 = max(mx1, x)
+                        s[j * 4 + e] = x
+                        if r == 0:
+                            mx0 = max(mx0, x)
+                        else:
+                            mx1 = max(mx1, x)
             # The 4 lanes of a quad hold one row: reduce across them.
             mx0 = max(mx0, shfl_xor(mx0, 1))
             mx0 = max(mx0, shfl_xor(mx0, 2))
@@ -562,12 +598,37 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         l = npdt(0.0)
         r_lo = qtile * BM
         r_hi = min(r_lo + BM, seqlen_q)
-        for tile in range(first, last + 1):
-            in_window = tile >= tile_lo and tile <= tile_hi
-            if has_sinks and not in_window and tile >= sink_tiles:
-                continue
-            if KIND != NONE and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 0:
-                continue
+        lane = tid & 31
+        # Tile walk as in the tensor-core kernel: flag ranges, and for a mask object 32 tiles
+        # classified at once (warp votes; both warps compute the same sets).
+        tile = first
+        if has_sinks and tile >= sink_tiles and tile < tile_lo:
+            tile = tile_lo
+        base = tile
+        vbits = np.int64(0)
+        if KIND != NONE:
+            vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
+                                         tile_hi, sink_tiles, r_lo, r_hi)
+            while vbits == 0 and base + 32 <= last:
+                base += 32
+                if has_sinks and base >= sink_tiles and base < tile_lo:
+                    base = tile_lo
+                vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
+                                             tile_hi, sink_tiles, r_lo, r_hi)
+            tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
+        while tile <= last:
+            nxt = tile + 1
+            if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
+                nxt = tile_lo
+            if KIND != NONE:
+                vbits &= vbits - 1
+                while vbits == 0 and base + 32 <= last:
+                    base += 32
+                    if has_sinks and base >= sink_tiles and base < tile_lo:
+                        base = tile_lo
+                    vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
+                                                 tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
+                nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1
             k0 = tile * BN
             cuda.syncthreads()
             for it in range((ITEMS + FMA_BLOCK_M - 1) // FMA_BLOCK_M):
@@ -647,6 +708,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                 for j in range(BN):
                     a += p[j] * vs[j, d]
                 acc[d] = a
+            tile = nxt
 
         if row < seqlen_q:
             inv = npdt(0.0)
