@@ -286,7 +286,6 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             nxt = tile + 1
             if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
                 nxt = tile_lo
-            mask_full = True
             if KIND != NONE:
                 mask_full = ((fbits >> (tile - base)) & 1) != 0
                 vbits &= vbits - 1          # drop this tile; the next set bit is nxt
@@ -307,7 +306,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 full = full and k0 + BN - 1 <= q_lo + window_right
             if has_sinks:
                 full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
-            full = full and mask_full
+            if KIND != NONE:
+                full = full and mask_full
 
             cp_async_wait_all()
             cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
