@@ -234,3 +234,32 @@ def test_kernel_tile_walk_past_32_tiles(dtype_name, sk):
         from numba_flash.cuda.maskplan import mask_encoding
         assert mask_encoding(mask, sq, sk) in ("intervals", "bitmask")
         _attention_case(rng, dtype_name, 1, sq, sk, 1, 1, 32, mask, **kw)
+
+
+@gpu
+def test_gpu_mask_memory_through_device_free_memory():
+    """What a mask costs on the device, read from the driver's free memory: column intervals
+    O(N) (16 bytes per key + 32 per key tile: well under 4 MiB at N = 65536, where a bitmask
+    would take 512 MiB); a packed bitmask N^2 / 8 bytes plus one byte per tile."""
+    from numba import cuda
+
+    from numba_flash.cuda.maskplan import dummy_arrays, plan_mask
+
+    ctx = cuda.current_context()
+    dummy_arrays()
+    cuda.synchronize()
+
+    def used(mask, n):
+        free0 = ctx.get_memory_info()[0]
+        plan = plan_mask(mask, 1, 1, n, n, 64, 64, False, 0)
+        cuda.synchronize()
+        return free0 - ctx.get_memory_info()[0], plan
+
+    n = 65536
+    nbytes, plan = used(masks.causal_document([20000, 45536]), n)
+    assert plan.iv.nbytes + plan.mm.nbytes == 16 * n + 32 * (n // 64)
+    assert nbytes <= 4 * 2**20, nbytes
+    n = 8192
+    nbytes, plan = used(masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9), n)
+    assert plan.bits.nbytes == n * n // 8
+    assert n * n // 8 <= nbytes <= n * n // 8 + 4 * 2**20, nbytes
