@@ -220,7 +220,11 @@ def _far_masks(sq, sk):
     return [(masks.global_sliding_window(16, 40), {}),
             (masks.from_dense(dense), {}),
             (masks.causal_document([sk - 100, 100]), dict(window_size=(50, 0), sinks=3)),
-            (masks.document([sk - 130, 130]), {})]
+            (masks.document([sk - 130, 130]), {})] + ([] if SIMULATOR else [
+            # Every tile visible: whole groups of 32 (lane 31's tile included) before the next
+            # (on the GPU the vote's int32 result once sign-extended there).
+            (masks.document([sk]), {}),
+            (masks.prefix_lm_causal(sk // 2), dict(window_size=(sk - 40, -1)))])
 
 
 @pytest.mark.parametrize("dtype_name,sk", [("float32", 1100), ("float16", 2200)])

@@ -352,7 +352,9 @@ if not SIMULATOR:
     @cuda.jit(device=True, inline=True)
     def ballot(pred):
         """int64 with bit i set where lane i's ``pred`` is true (fully active warp)."""
-        return np.int64(cuda.ballot_sync(0xFFFFFFFF, pred))
+        # Numba types the vote's result as a signed int32: keep the low 32 bits only (lane 31
+        # set would otherwise sign-extend into bits 32..63).
+        return np.int64(cuda.ballot_sync(0xFFFFFFFF, pred)) & 0xFFFFFFFF
 
     @cuda.jit(device=True, inline=True)
     def lowest_bit(x):
