@@ -33,7 +33,7 @@ SHAPES = [(8, 32, 8, 32768, 128), (1, 32, 8, 131072, 128), (64, 32, 8, 4096, 128
 DTYPES = ["float16", "bfloat16"]
 LAYOUTS = [None, 16, 64]           # contiguous, then page sizes
 REPS = 30
-SPIN_CYCLES = 400_000_000   # ~0.2 s: longer than 30 calls take to enqueue
+SPIN_CYCLES = 150_000_000   # ~0.08 s: longer than 30 calls take to enqueue (<= 1.6 ms each)
 
 
 def gpu_time_ms(fn, reps=REPS, rounds=5):
@@ -115,6 +115,10 @@ def main():
     ap.add_argument("--plot", default="bench_decode.png")
     ap.add_argument("--quick", action="store_true", help="first shape only")
     ap.add_argument("--sweep", action="store_true", help="num_splits sweep (contiguous fp16)")
+    ap.add_argument("--tiles", default="",
+                    help="tensor-core configurations 'bn,stages,warps[,fold];...' to sweep (with "
+                         "num_splits) on the contiguous fp16 cases; fold 0 = separate merge")
+    ap.add_argument("--no-bf16-paged", action="store_true", help="skip bfloat16 paged rows")
     ap.add_argument("--sanitize-case", action="store_true",
                     help="run one small paged decode (splits, tree mask) and exit: for "
                          "compute-sanitizer")
@@ -140,6 +144,8 @@ def main():
     for (b, hq, hkv, L, d) in (SHAPES[:1] if args.quick else SHAPES):
         for dtype in DTYPES:
             for page in LAYOUTS:
+                if args.no_bf16_paged and dtype == "bfloat16" and page is not None:
+                    continue
                 q, k, v, lens, table = make_inputs(b, hq, hkv, L, d, dtype, page)
                 kv_bytes = 2 * b * L * hkv * d * q.element_size()
                 fn = lambda: numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table)
@@ -174,8 +180,9 @@ def main():
                 print(_fmt(row), flush=True)
                 del q, k, v, lens, table
                 torch.cuda.empty_cache()
+    tiles = tile_sweep(args.tiles, copy_bw, args.quick) if args.tiles else []
     result = dict(device=dev, date=datetime.date.today().isoformat(), copy_gbs=copy_bw,
-                  rows=rows, sweep=sweep)
+                  rows=rows, sweep=sweep, tile_sweep=tiles)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"\ndevice: {dev}, {result['date']}, copy bandwidth {copy_bw:.0f} GB/s")
@@ -186,20 +193,57 @@ def main():
     _kernel_report()
 
 
+def tile_sweep(spec, copy_bw, quick):
+    """%copy of the contiguous fp16 cases for each tensor-core tile configuration and split
+    count (NUMBA_FLASH_DECODE_TILE); 'auto' is what auto_num_splits_mma picks for that tile."""
+    import os
+
+    from numba_flash.cuda import decode as dec
+
+    out = []
+    for (b, hq, hkv, L, d) in (SHAPES[:1] if quick else SHAPES):
+        q, k, v, lens, _ = make_inputs(b, hq, hkv, L, d, "float16", None)
+        kv_bytes = 2 * b * L * hkv * d * q.element_size()
+        for tile in spec.split(";"):
+            parts = tile.split(",")           # bn,stages,warps[,fold 0/1]
+            os.environ["NUMBA_FLASH_DECODE_TILE"] = ",".join(parts[:3])
+            os.environ["NUMBA_FLASH_DECODE_FOLD"] = parts[3] if len(parts) > 3 else "1"
+            units = b * hkv * -(-(hq // hkv) // dec.MMA_ROWS)
+            auto = dec.auto_num_splits_mma(units, L, torch.cuda.get_device_properties(0)
+                                           .multi_processor_count)
+            for s in sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, auto, max(1, auto // 2),
+                             2 * auto}):
+                if s > 4 * auto or s * 4 < auto:
+                    continue
+                t = gpu_time_ms(lambda: numba_flash.decode(q, k, v, cache_seqlens=lens,
+                                                           num_splits=s), rounds=3)
+                out.append(dict(B=b, Hq=hq, Hkv=hkv, L=L, tile=tile, splits=s, auto=s == auto,
+                                ms=t, pct_copy=100 * kv_bytes / t / 1e6 / copy_bw))
+                print(f"  tile {tile} {b, hq, hkv, L} splits {s:>3}{'*' if s == auto else ' '}: "
+                      f"{t:.4f} ms {out[-1]['pct_copy']:.1f}%", flush=True)
+        del q, k, v, lens
+        torch.cuda.empty_cache()
+    os.environ.pop("NUMBA_FLASH_DECODE_TILE", None)
+    os.environ.pop("NUMBA_FLASH_DECODE_FOLD", None)
+    return out
+
+
 def _kernel_report():
     """Registers, local memory (spills) and shared memory of each decode kernel compiled here."""
     from numba_flash.cuda import decode as dec
 
     names = ("D", "bf16", "rows", "paged", "left", "right", "sinks", "softcap", "tree", "direct",
              "lse")
-    for config, kern in dec._KERNELS.items():
+    for config, kern in list(dec._KERNELS.items()) + list(dec._MMA_KERNELS.items()):
         try:
-            regs = kern.get_regs_per_thread()
-            local = kern.get_local_mem_per_thread()
-            shared = kern.get_shared_mem_per_block()
+            regs, local, shared = (next(iter(x.values())) if isinstance(x, dict) else x
+                                   for x in (kern.get_regs_per_thread(),
+                                             kern.get_local_mem_per_thread(),
+                                             kern.get_shared_mem_per_block()))
         except Exception as exc:  # noqa: BLE001 - API differences between numba-cuda versions
             regs = local = shared = repr(exc)[:60]
-        desc = " ".join(f"{n}={int(c)}" for n, c in zip(names, config))
+        desc = " ".join(f"{n}={int(c)}" for n, c in zip(names, config)) \
+            if len(config) == len(names) else f"mma {config}"
         print(f"kernel {desc}: regs {regs} local {local} shared {shared}")
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: prelude, kernel report (correctness, registers, SASS), GPU tests,
 # compute-sanitizer on small cases, on-disk cache timings, benchmark. Logs go to $OUT (or ./out).
-#   bash scripts/gpu_check.sh [probe] [report] [host] [tests] [tests-par] [sanitizer] [cache]
-#                             [ab] [bench] [bench-quick]
+#   bash scripts/gpu_check.sh [probe] [report] [host] [tests] [tests-par] [tests-all] [sanitizer]
+#                             [sanitizer-mt2] [cache] [ab] [ab-mt] [bench] [bench-quick]
 # ab: the kernel of the tree unpacked in ./out/old (git archive <commit> numba_flash) against
 # this one, same shapes, one process each.
 set -uo pipefail
@@ -42,6 +42,32 @@ PY
       wait
       for f in "$OUT"/tests_*.log; do echo "$f: $(tail -1 $f)"; done | tee "$OUT/tests.log"
       grep -h -B2 -A25 "^____\|Error\|assert" "$OUT"/tests_*.log | head -80 ;;
+    tests-all)  # forward, masks and varlen GPU tests in parallel shards, default geometry and
+                # two m-tiles per warp (NUMBA_FLASH_MMA_M_TILES=2) for the half-precision kernels
+      i=0
+      for sel in "grid and float16 and not bfloat16" "grid and bfloat16" "grid and float32" "grid and float64" "not grid"; do
+        python3 -m pytest -q tests/test_cuda_forward.py -k "$sel" -p no:cacheprovider > "$OUT/tests_$i.log" 2>&1 &
+        i=$((i+1))
+      done
+      python3 -m pytest -q tests/test_cuda_masks.py tests/test_varlen.py tests/test_mask_mod.py -p no:cacheprovider > "$OUT/tests_masks.log" 2>&1 &
+      NUMBA_FLASH_MMA_M_TILES=2 python3 -m pytest -q tests/test_cuda_forward.py -k "float16 or bfloat16" -p no:cacheprovider > "$OUT/tests_mt2.log" 2>&1 &
+      NUMBA_FLASH_MMA_M_TILES=2 python3 -m pytest -q tests/test_cuda_masks.py tests/test_varlen.py -p no:cacheprovider > "$OUT/tests_mt2_masks.log" 2>&1 &
+      wait
+      for f in "$OUT"/tests_*.log; do echo "$f: $(tail -1 $f)"; done | tee "$OUT/tests.log"
+      grep -h -B2 -A25 "^____\|Error\|assert" "$OUT"/tests_*.log | head -80 ;;
+    sanitizer-mt2)
+      for tool in memcheck racecheck; do
+        NUMBA_FLASH_MMA_M_TILES=2 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 python3 scripts/sanitize_case.py --head-dims 32,64,96,128 > "$OUT/sanitizer_mt2_$tool.log" 2>&1
+        echo "compute-sanitizer m-tiles 2 $tool rc=$?" | tee -a "$OUT/sanitizer.log"
+        tail -2 "$OUT/sanitizer_mt2_$tool.log" | tee -a "$OUT/sanitizer.log"
+      done ;;
+    ab-mt)  # same process per variant: the tree in ./out/old, then this tree with 1 and 2 m-tiles
+      for variant in old mt1 mt2; do
+        pp=$PYTHONPATH; [ $variant = old ] && pp=$PWD/out/old:$PYTHONPATH
+        mt=1; [ $variant = mt2 ] && mt=2
+        echo "--- $variant" | tee -a "$OUT/ab.log"
+        NUMBA_FLASH_MMA_M_TILES=$mt PYTHONPATH=$pp python3 scripts/bench_forward.py --no-naive --dtype float16 --shape 4,16,4096,128 --shape 16,16,1024,64 --shape 4,16,4096,64 --shape 4,16,4096,96 --shape 2,16,4096,256 --out "$OUT/ab_$variant.json" --plot /tmp/ab.png 2>&1 | tail -12 | tee -a "$OUT/ab.log"
+      done ;;
     ab)
       for tree in old new; do
         pp=$PYTHONPATH; [ $tree = old ] && pp=$PWD/out/old:$PYTHONPATH
@@ -50,7 +76,7 @@ PY
       done ;;
     report)
       mkdir -p /tmp/sass
-      python3 scripts/gpu_kernel_report.py --sass-dir /tmp/sass --json "$OUT/kernel_report.json" 2>&1 | tee "$OUT/report.log"
+      python3 scripts/gpu_kernel_report.py --sass-dir /tmp/sass --json "$OUT/kernel_report.json" ${REPORT_ARGS:-} 2>&1 | tee "$OUT/report.log"
       tar czf "$OUT/sass.tar.gz" -C /tmp sass ;;
     tests)
       python3 -m pytest -q tests/test_cuda_forward.py --durations=5 2>&1 | tee "$OUT/tests.log" | tail -40 ;;

@@ -115,7 +115,8 @@ def forward_report(dtype: str, head_dim: int, causal: bool, lse: bool = True, **
 
     if dtype in ("float16", "bfloat16"):
         kern = forward.make_mma_kernel(head_dim, dtype == "bfloat16", False, causal, False, False,
-                                       lse, forward.mma_block_n(head_dim), **extra)
+                                       lse, forward.mma_block_n(head_dim),
+                                       m_tiles=forward.mma_m_tiles(head_dim), **extra)
         sig = forward_signature(True)
     else:
         itemsize = 8 if dtype == "float64" else 4

@@ -14,7 +14,8 @@ import pytest
 import numba_flash
 from numba_flash import masks
 from numba_flash.cuda import launch
-from numba_flash.cuda.decode import auto_num_splits, decode_geometry, tree_row_bits
+from numba_flash.cuda.decode import (auto_num_splits, auto_num_splits_mma, decode_geometry,
+                                     tree_row_bits)
 from numba_flash.cuda.warp import SIMULATOR
 from numba_flash.decode import gather_cache
 from numba_flash_reference.attention import attention as reference
@@ -167,6 +168,36 @@ def test_decode_against_reference(case):
                  lens, page_size=page, **extra)
 
 
+# The CUDA-core kernel (head_dim > 128, or forced) and other tensor-core tiles on a few cases.
+@pytest.mark.parametrize("kernel, tile, idx", [
+    ("fma", None, 0), ("fma", None, 1), ("fma", None, 6),
+    ("mma", "16,3,1", 1), ("mma", "16,4,2", 4), ("mma", "48,2,1", 6), ("nofold", None, 5),
+])
+def test_decode_kernel_variants(monkeypatch, kernel, tile, idx):
+    """CUDA-core kernel, other tiles, and the merge as a separate launch (no fold)."""
+    if kernel == "nofold":
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_FOLD", "0")
+        kernel = "mma"
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_KERNEL", kernel)
+    if tile:
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", tile)
+    dtype, b, sq, hq, hkv, d, smax, lens, page, extra = CASES[idx]
+    check_decode(np.random.default_rng(idx + 100), dtype, b, sq, hq, hkv, d, smax, lens,
+                 page_size=page, **extra)
+
+
+def test_splits_with_empty_and_one_key_sequences():
+    """Every split of a length-0 sequence is empty (lse -inf); the merge must give 0 / -inf."""
+    check_decode(np.random.default_rng(12), "float16", 3, 1, 2, 1, 32, 40, [37, 0, 1],
+                 num_splits=3)
+
+
+def test_mma_gqa_rows_past_one_tile():
+    """18 packed rows (GQA 6 x 3 queries): two 16-row chunks, the second mostly padding."""
+    check_decode(np.random.default_rng(11), "bfloat16", 1, 3, 6, 1, 32, 40, [38],
+                 page_size=8, num_splits=2)
+
+
 def test_num_splits_agree_to_rounding():
     rng = np.random.default_rng(7)
     outs = []
@@ -241,6 +272,16 @@ def test_geometry_and_split_heuristic():
     assert auto_num_splits(blocks=1024, keys=4096, sm_count=132) == 1
     assert auto_num_splits(blocks=1, keys=300, sm_count=132) == 1       # too few keys to split
     assert auto_num_splits(blocks=1, keys=10**6, sm_count=132) == 128
+    # tensor-core kernel: one warp per unit, ~3 warps per SM, 4 for short splits
+    assert auto_num_splits_mma(units=64, keys=32768, sm_count=132) == 6
+    assert auto_num_splits_mma(units=8, keys=131072, sm_count=132) == 49
+    assert auto_num_splits_mma(units=32, keys=8192, sm_count=132) == 16    # 683 keys < 1024
+    assert auto_num_splits_mma(units=32, keys=8192, sm_count=132, short_keys=0) == 12
+    assert auto_num_splits_mma(units=8, keys=131072, sm_count=132, warps_per_sm=8,
+                               short_keys=0) == 128                         # paged: capped
+    assert auto_num_splits_mma(units=128, keys=16384, sm_count=132) == 3
+    assert auto_num_splits_mma(units=512, keys=4096, sm_count=132) == 1
+    assert auto_num_splits_mma(units=1, keys=300, sm_count=132) == 1
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -353,3 +394,36 @@ def test_gpu_check_indices():
     with pytest.raises(ValueError, match="outside"):
         numba_flash.decode(q, k, v, cache_seqlens=cp.asarray(np.array([3, 10], np.int32)),
                            check_indices=True)
+
+
+@gpu
+@pytest.mark.parametrize("kernel, tile", [("fma", None), ("mma", "16,3,1"), ("mma", "16,2,2"),
+                                          ("nofold", None)])
+def test_gpu_kernel_variants(monkeypatch, kernel, tile):
+    if kernel == "nofold":
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_FOLD", "0")
+        kernel = "mma"
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_KERNEL", kernel)
+    if tile:
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", tile)
+    rng = np.random.default_rng(17)
+    check_decode(rng, "float16", 3, 2, 8, 2, 128, 3000, [3000, 1, 1500], page_size=16,
+                 window=(900, -1), sinks=4, num_splits=7)
+
+
+@gpu
+@pytest.mark.parametrize("splits", [1, 6])
+def test_gpu_direct_launch_matches_dispatcher(monkeypatch, splits):
+    """The cuda.core launch (default) and Numba's dispatcher give identical bits."""
+    from numba_flash.cuda import decode as dec
+
+    rng = np.random.default_rng(23)
+    q = cp.asarray(rng.standard_normal((2, 1, 8, 128)).astype(np.float16))
+    k = cp.asarray(rng.standard_normal((2, 700, 2, 128)).astype(np.float16))
+    v = cp.asarray(rng.standard_normal((2, 700, 2, 128)).astype(np.float16))
+    lens = cp.asarray(np.array([700, 311], np.int32))
+    fast = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits, return_lse=True)
+    assert dec._FAST["on"] and dec._FAST["error"] is None
+    monkeypatch.setitem(dec._FAST, "on", False)
+    slow = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits, return_lse=True)
+    assert cp.array_equal(fast[0], slow[0]) and cp.array_equal(fast[1], slow[1])

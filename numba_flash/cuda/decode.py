@@ -29,11 +29,13 @@ visible causally). Scores are base 2 (log2 e folded into the scale) and use ``ex
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from numba import cuda
 from numba.cuda import types
 
+from .decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
 from .warp import SIMULATOR, exp2, pack_bf16, pack_f16, shfl_xor
 
 __all__ = ["make_decode_kernel", "decode_geometry", "DECODE_WARPS", "MAX_ROWS", "ld_v4",
@@ -475,6 +477,178 @@ def auto_num_splits(blocks: int, keys: int, sm_count: int) -> int:
     return int(max(1, min(want, by_len, MAX_SPLITS)))
 
 
+# ----------------------------------------------------------------------------- tensor-core path
+
+_MMA_KERNELS: dict = {}
+# (keys per tile, cp.async stages, warps per block) and the warps per multiprocessor "auto"
+# aims at, from the H100 sweeps in docs/decode.md. Paged caches look every key's page up before
+# its copy can start, which adds a dependent load per tile: they keep three stages (two tiles
+# in flight) and more warps.
+MMA_TILE = (32, 2, 1)
+MMA_WARPS_PER_SM = 3
+MMA_TILE_PAGED = (16, 3, 1)
+MMA_WARPS_PER_SM_PAGED = 8
+SHORT_SPLIT_KEYS = 1024      # fewer keys per split than this: one more warp per SM
+
+
+def _use_mma(head_dim: int) -> bool:
+    """Tensor-core kernel unless NUMBA_FLASH_DECODE_KERNEL=fma (or head_dim unsupported)."""
+    return mma_decode_supported(head_dim) and \
+        os.environ.get("NUMBA_FLASH_DECODE_KERNEL", "mma") != "fma"
+
+
+def mma_tile(head_dim: int, paged: bool = False) -> tuple[int, int, int]:
+    """(block_n, stages, warps) of the tensor-core kernel; NUMBA_FLASH_DECODE_TILE="32,2,1"
+    overrides it (tuning runs)."""
+    forced = os.environ.get("NUMBA_FLASH_DECODE_TILE")
+    if forced:
+        bn, st, nw = (int(x) for x in forced.split(","))
+        return bn, st, nw
+    return MMA_TILE_PAGED if paged else MMA_TILE
+
+
+def auto_num_splits_mma(units: int, keys: int, sm_count: int,
+                        warps_per_sm: int = MMA_WARPS_PER_SM, short_keys: int = SHORT_SPLIT_KEYS
+                        ) -> int:
+    """Splits for the tensor-core kernel, whose unit of work is one warp.
+
+    ``units``: warps without splitting (B * heads_kv * row_chunks); ``keys``: an upper bound of
+    the keys a unit visits. The most splits whose warps stay within ``warps_per_sm * sm_count``
+    (rounding down); if a split would then hold fewer than ``short_keys`` keys (a short call,
+    where the per-warp start and the merge weigh more), one more warp per multiprocessor. At
+    least MIN_KEYS_PER_SPLIT keys per split, at most MAX_SPLITS; 1 when the units alone fill
+    the target. The H100 sweep (docs/decode.md) peaks at about 3 warps per multiprocessor for
+    contiguous caches (~400 warps; one warp keeps 16-32 KB of copies in flight).
+    """
+    units = max(units, 1)
+    want = (warps_per_sm * sm_count) // units
+    if want > 1 and short_keys and keys // want < short_keys:
+        want = ((warps_per_sm + 1) * sm_count) // units
+    by_len = max(1, keys // MIN_KEYS_PER_SPLIT)
+    return int(max(1, min(want, by_len, MAX_SPLITS)))
+
+
+_COUNTERS: dict = {}
+
+
+def _fold_merge() -> bool:
+    """Merge inside the decode kernel (last warp per row chunk) unless
+    NUMBA_FLASH_DECODE_FOLD=0 (then a separate merge launch)."""
+    return os.environ.get("NUMBA_FLASH_DECODE_FOLD", "1") != "0"
+
+
+def _counters(kind, device, n, stream):
+    """int32 zeros (>= n) for the folded merge's arrival counters, one buffer per (device,
+    stream): every launch leaves them at zero again, and launches on one stream are ordered.
+    Launches on different streams get different buffers."""
+    if kind == "numpy" or SIMULATOR:
+        return np.zeros(max(n, 1), dtype=np.int32)
+    key = (device, _stream_key(stream))
+    if key[1] is None:       # a stream we cannot identify: fresh zeros, never shared
+        return cuda.to_device(np.zeros(max(n, 1), dtype=np.int32))
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.shape[0] < n:
+        size = max(n, 1024, 2 * (buf.shape[0] if buf is not None else 0))
+        buf = cuda.to_device(np.zeros(size, dtype=np.int32))     # synchronous: zeros first
+        _COUNTERS.setdefault(("old",), []).append(_COUNTERS.get(key))   # never freed mid-flight
+        _COUNTERS[key] = buf
+    return buf
+
+
+# Direct launches (no dispatcher typing, no device-array wrappers): see launch.py's module
+# docstring; NUMBA_FLASH_SLOW_LAUNCH=1 turns them off, as for the forward kernels.
+_FAST = {"on": not SIMULATOR and os.environ.get("NUMBA_FLASH_SLOW_LAUNCH", "") != "1",
+         "error": None}
+_FAST_LAUNCHERS: dict = {}
+_WORD_ARRAYS = (0, 1, 2, 6)          # q, k, v, out: uint32 words of two 16-bit values
+_ELEMS = None
+
+
+def _elem_types():
+    global _ELEMS
+    if _ELEMS is None:
+        _ELEMS = (types.uint32, types.uint32, types.uint32, types.int32, types.int32,
+                  types.uint32, types.uint32, types.float32, types.float32, types.float32,
+                  types.int32)
+    return _ELEMS
+
+
+def _flat_param(x, kind, as_words):
+    """(layout, ndim, flattened Numba array parameters) of a kernel array argument."""
+    from . import launch
+
+    if type(x).__module__.startswith("numba"):   # a Numba device array (dummies, counters)
+        ptr = int(x.__cuda_array_interface__["data"][0] or 0)
+        shape, strides, itemsize = x.shape, x.strides, x.dtype.itemsize
+    else:
+        ptr, shape, strides, itemsize, _ = launch._interface(x, kind)
+    if as_words:
+        shape, strides = launch._as_words(ptr, shape, strides)
+        itemsize = 4
+    lay, flat = launch._flat_array(ptr, tuple(shape), tuple(strides), itemsize)
+    return lay, len(shape), flat
+
+
+def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, threads, stream,
+                     like):
+    """Launch the tensor-core kernel through cuda.core with packed parameters.
+
+    ``arrays``: the 10 array arguments before ``counters`` (user arrays or Numba device arrays);
+    the counters are appended here when the configuration folds the merge. Compiles (or loads
+    from Numba's disk cache) once per (configuration, layouts, device).
+    """
+    import ctypes
+
+    from . import launch
+
+    raw = launch._raw_stream_handle(stream, kind, like)
+    n_units = grid[1] * grid[2]
+    counters = _counters(kind, device, n_units, raw) if config[-1] else \
+        _dummy(kind, device, (1,), np.int32)
+    params, layouts = [], []
+    for i, x in enumerate(arrays + (counters,)):
+        lay, ndim, flat = _flat_param(x, kind, i in _WORD_ARRAYS)
+        layouts.append((lay, ndim))
+        params.extend(flat)
+    current = cuda.get_current_device().id
+    dev = current if device is None else device
+    ctx = cuda.gpus[dev] if dev != current else launch._nullcontext()
+    key = (config, tuple(layouts), dev)
+    core_kernel = _FAST_LAUNCHERS.get(key)
+    if core_kernel is None:
+        elems = _elem_types()
+        arg_types = [types.Array(e, nd, lay) for e, (lay, nd) in zip(elems, layouts)]
+        sig = types.void(*arg_types, types.int64, types.int64, types.int64, types.float32,
+                         types.float32, types.float32, *([types.int64] * 6))
+        with ctx:
+            kobj = mma_decode_kernel(*config).compile(sig)
+        core_kernel = _FAST_LAUNCHERS[key] = kobj._codelibrary.get_cufunc().kernel
+    params.extend(ctypes.c_int64(v) for v in ints)
+    params.extend(ctypes.c_float(v) for v in floats)
+    params.extend(ctypes.c_int64(v) for v in ints2)
+    with ctx:
+        launch._core_launch(launch._core_stream(raw), launch._launch_config(grid, threads),
+                            core_kernel, *params)
+
+
+def _stream_key(stream):
+    """An int for a raw handle or a Numba stream (one stream, one key); None if unknown."""
+    if isinstance(stream, int):
+        return stream
+    handle = getattr(stream, "handle", None)
+    value = getattr(handle, "value", handle)
+    if isinstance(value, int):
+        return value
+    return 0 if value is None and handle is not None else None
+
+
+def mma_decode_kernel(*config):
+    """The cached kernel for one ``make_mma_decode_kernel`` configuration."""
+    if config not in _MMA_KERNELS:
+        _MMA_KERNELS[config] = make_mma_decode_kernel(*config)
+    return _MMA_KERNELS[config]
+
+
 def _dummy(kind, device, shape, dtype):
     if kind == "numpy" or SIMULATOR:
         return np.zeros(shape, dtype=dtype)
@@ -546,8 +720,14 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
                              f"make a contiguous copy")
     ratio = heads_q // heads_kv
     m_rows = ratio * seqlen_q
-    chunks = -(-m_rows // MAX_ROWS)
-    rows = -(-m_rows // chunks)
+    use_mma = _use_mma(head_dim)
+    if use_mma:
+        block_n, stages, warps = mma_tile(head_dim, paged)
+        chunks = -(-m_rows // MMA_ROWS)
+        rows = MMA_ROWS
+    else:
+        chunks = -(-m_rows // MAX_ROWS)
+        rows = -(-m_rows // chunks)
     if paged:
         page_size = k_cache.shape[1]
         capacity = block_table.shape[1] * page_size
@@ -564,7 +744,14 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         keys = capacity
         if has_left:
             keys = min(keys, left + seqlen_q + max(right, 0) + int(sinks))
-        splits = auto_num_splits(batch * heads_kv * chunks, keys, _sm_count(device))
+        if use_mma:
+            if paged:
+                splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device),
+                                             MMA_WARPS_PER_SM_PAGED, 0)
+            else:
+                splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device))
+        else:
+            splits = auto_num_splits(batch * heads_kv * chunks, keys, _sm_count(device))
     else:
         splits = int(num_splits)
     direct = splits == 1
@@ -607,17 +794,53 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     log2e = 1.0 / math.log(2.0)
     cap = float(softcap) if has_softcap else 1.0
     f32 = np.float32
+    if use_mma and kind != "numpy" and _FAST["on"] and (direct or _fold_merge()):
+        arrays = (q, k_cache, v_cache, block_table if paged else bt_arg, cache_seqlens, tree_arg,
+                  out, lse if return_lse else lse_arg,
+                  o_part if not direct else o_part_arg, lse_part if not direct else lse_part_arg)
+        config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
+                  has_tree, direct, bool(return_lse), block_n, stages, warps, not direct)
+        ints = (ratio, chunks, splits)
+        floats = (scale * log2e, scale / cap, cap * log2e)
+        ints2 = (left, right, int(sinks), tree_len, page_size, page_shift)
+        grid = (-(-splits // warps), batch, heads_kv * chunks)
+        try:
+            _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid,
+                             32 * warps, stream, q)
+            if kind == "cai" and is_bf16:
+                out = launch._BFloat16Array(out)
+            return (out, lse) if return_lse else out
+        except Exception as exc:  # noqa: BLE001 - keep working through the dispatcher
+            import warnings
+
+            _FAST["on"] = False
+            _FAST["error"] = repr(exc)
+            warnings.warn(f"numba_flash.decode: direct launch failed ({exc!r}); using Numba's "
+                          f"dispatcher from now on", RuntimeWarning)
+
     qa, ka, va, oa = (launch._kernel_array(x, kind, True) for x in (q, k_cache, v_cache, out))
-    kern = decode_kernel(head_dim, is_bf16, rows, paged, has_left, has_right, has_sinks,
-                         has_softcap, has_tree, direct, bool(return_lse))
     launch_stream = launch._resolve_stream(stream, kind, q)
     ctx = cuda.gpus[device] if (device is not None and not SIMULATOR) else launch._nullcontext()
     with ctx:
-        kern[(splits, batch, heads_kv * chunks), DECODE_WARPS * 32, launch_stream](
-            qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
-            ratio, chunks, f32(scale * log2e), f32(scale / cap), f32(cap * log2e), left, right,
-            int(sinks), tree_len, page_size, page_shift)
-        if not direct:
+        if use_mma:
+            fold = not direct and _fold_merge()
+            counters = _counters(kind, device, batch * heads_kv * chunks, launch_stream) \
+                if fold else _dummy(kind, device, (1,), np.int32)
+            kern = mma_decode_kernel(head_dim, is_bf16, paged, has_left, has_right, has_sinks,
+                                     has_softcap, has_tree, direct, bool(return_lse), block_n,
+                                     stages, warps, fold)
+            kern[(-(-splits // warps), batch, heads_kv * chunks), 32 * warps, launch_stream](
+                qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
+                counters, ratio, chunks, splits, f32(scale * log2e), f32(scale / cap), f32(cap * log2e),
+                left, right, int(sinks), tree_len, page_size, page_shift)
+        else:
+            kern = decode_kernel(head_dim, is_bf16, rows, paged, has_left, has_right, has_sinks,
+                                 has_softcap, has_tree, direct, bool(return_lse))
+            kern[(splits, batch, heads_kv * chunks), DECODE_WARPS * 32, launch_stream](
+                qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
+                ratio, chunks, f32(scale * log2e), f32(scale / cap), f32(cap * log2e), left,
+                right, int(sinks), tree_len, page_size, page_shift)
+        if not direct and not (use_mma and fold):
             launch_merge(o_part_arg, lse_part_arg, oa, lse_arg,
                          out_mode=OUT_BF16 if is_bf16 else OUT_F16, write_lse=bool(return_lse),
                          stream=launch_stream)

@@ -29,7 +29,7 @@ from numba import cuda
 from numba.cuda import types
 
 from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
-                      chunk_classes, interval_visible, interval_visible2)
+                      chunk_classes, interval_visible)
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
                    ldmatrix_x4_trans, lowest_bit, mma16, pack16, shfl_xor)
 
@@ -68,7 +68,31 @@ def mma_block_n(head_dim: int) -> int:
     forced = os.environ.get("NUMBA_FLASH_MMA_BLOCK_N")
     if forced:
         return int(forced)
-    return 64 if head_dim <= 128 else 16
+    if head_dim > 128:
+        return 16
+    if mma_m_tiles(head_dim) > 1 and head_dim * mma_block_m(head_dim) * 2 > 16384:
+        return 32          # a 32 KB Q tile leaves 16 KB for K and V
+    return 64
+
+
+def mma_m_tiles(head_dim: int) -> int:
+    """16-row m-tiles per warp of the tensor-core kernel (block of 4 warps: 64 * m_tiles rows).
+
+    Two m-tiles let every K/V fragment a warp loads from shared memory feed twice the HMMAs
+    (shared-memory bandwidth per HMMA is what limits one m-tile; docs/perf-notes.md).
+    ``NUMBA_FLASH_MMA_M_TILES`` (1 or 2) overrides the default up to head_dim 128.
+    """
+    forced = os.environ.get("NUMBA_FLASH_MMA_M_TILES")
+    if forced and head_dim <= 128:
+        return int(forced)
+    # At head_dim 128 two m-tiles need 32-key tiles and still exceed 255 registers (13 spill
+    # reloads per tile); one m-tile there is spill-free. See docs/perf-notes.md.
+    return 2 if head_dim <= 96 else 1
+
+
+def mma_block_m(head_dim: int) -> int:
+    """Query rows per block of the tensor-core kernel."""
+    return 16 * (MMA_THREADS // 32) * mma_m_tiles(head_dim)
 
 
 def mma_q_in_smem(head_dim: int) -> bool:
@@ -96,7 +120,7 @@ def fma_block_n(head_dim: int, itemsize: int) -> int:
 def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                     has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int,
                     mask_kind: int = NONE, varlen: bool = False, has_alibi: bool = False,
-                    mask_mod=None):
+                    mask_mod=None, m_tiles: int = 1):
     """Build the tensor-core kernel for one configuration (all arguments compile-time).
 
     Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2,
@@ -112,13 +136,19 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     Pipeline per key tile (FlashAttention-2's): wait for K, barrier, start the V copy
     (cp.async), S = Q K^T from ldmatrix fragments, online softmax, wait for V, barrier, start
     the next K copy, O += P V (ldmatrix.trans fragments). Each copy overlaps one matrix product.
+    Each warp owns ``m_tiles`` consecutive 16-row m-tiles (block: 64 * m_tiles rows); every
+    K / V fragment it loads feeds the HMMAs of all of them.
     """
     D = head_dim
-    BM, BN = MMA_BLOCK_M, block_n
+    MT = int(m_tiles)
+    assert MT in (1, 2), m_tiles
+    BM, BN = 64 * MT, block_n
+    WROWS = 16 * MT      # rows per warp
     DW = D // 2
     KS, NS, NP, ND = D // 16, BN // 8, BN // 16, D // 8
     SF, OF = NS * 4, ND * 4
-    Q_SMEM = mma_q_in_smem(D)
+    S_N, ACC_N, RUN_N, PK_N = SF * MT, OF * MT, 2 * MT, SF * MT // 2   # local-array sizes
+    Q_SMEM = mma_q_in_smem(D) or MT > 1
     QF = 4 if Q_SMEM else KS * 4          # Q fragment registers (unused when Q is in smem)
     SWZ = mma_swizzled(D)
     # Row stride in words. Bank conflicts of ldmatrix (8 rows, same logical column) are avoided
@@ -127,8 +157,13 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     KW = DW if SWZ else DW + 4
     SWZ_MASK = 28 if SWZ else 0
     CPR = D // 8         # 16-byte chunks per row
-    CHUNK_ITERS = BN * CPR // MMA_THREADS
-    Q_CHUNK_ITERS = BM * CPR // MMA_THREADS
+    # Tile copies: TPR threads share a row, thread `part` copying its chunks part, part + TPR,
+    # ...: one global pointer per thread (the chunks are immediate offsets from it) and TPR * 16
+    # contiguous bytes per row per warp instruction.
+    TPR = MMA_THREADS // BN
+    CPT = CPR // TPR
+    Q_TPR = MMA_THREADS // BM
+    Q_CPT = CPR // Q_TPR
     QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM else (1, 4)
     NTHREADS = MMA_THREADS
     # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
@@ -175,6 +210,14 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         v_col = (lane >> 4) * 4
         # Every ldmatrix row this lane addresses is = lane (mod 8): one swizzle term per thread.
         swz = SWZ_MASK & ((lane & 7) << 2)
+        # Tile-copy coordinates: 8 consecutive lanes take 8 consecutive rows at the same chunk,
+        # so their 16-byte shared-memory writes land on 8 distinct swizzled bank groups.
+        kv_row = ((tid >> 3) // TPR) * 8 + (tid & 7)
+        kv_part = (tid >> 3) % TPR
+        q_row = ((tid >> 3) // Q_TPR) * 8 + (tid & 7)
+        q_part = (tid >> 3) % Q_TPR
+        kv_swz = SWZ_MASK & ((tid & 7) << 2)
+        q_swz = kv_swz
 
         if SIMULATOR:  # the simulator rejects an alignment argument
             ks = cuda.shared.array((BN, KW), types.uint32)
@@ -185,14 +228,20 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             vs = cuda.shared.array((BN, KW), types.uint32, alignment=16)
             qs = cuda.shared.array((QS_ROWS, QS_COLS), types.uint32, alignment=16)
         qf = cuda.local.array(QF, types.uint32)
-        s = cuda.local.array(SF, types.float32)
-        acc = cuda.local.array(OF, types.float32)
+        s = cuda.local.array(S_N, types.float32)           # m-tile mt: s[mt * SF:(mt + 1) * SF]
+        acc = cuda.local.array(ACC_N, types.float32)
+        pk = cuda.local.array(PK_N, types.uint32)         # P as 16-bit pairs, same order as s
+        # Running max and sum of rows g and g + 8 of each m-tile (index 2 * mt + half).
+        m_run = cuda.local.array(RUN_N, types.float32)
+        l_run = cuda.local.array(RUN_N, types.float32)
+        mx = cuda.local.array(RUN_N, types.float32)       # per tile: row maxima, then row sums
+        mu = cuda.local.array(RUN_N, types.float32)
+        alpha = cuda.local.array(RUN_N, types.float32)
 
         offset = seqlen_k - seqlen_q
-        row0 = qtile * BM + warp * 16 + g
+        wrow = qtile * BM + warp * WROWS     # first row of this warp
+        row0 = wrow + g                      # rows of m-tile 0 (the register-Q path has MT = 1)
         row1 = row0 + 8
-        qpos0 = row0 + offset
-        qpos1 = row1 + offset
 
         zero_w = np.uint32(0)
         for kk in range(0 if Q_SMEM else KS):
@@ -211,8 +260,11 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             qf[kk * 4 + 1] = x1
             qf[kk * 4 + 2] = x2
             qf[kk * 4 + 3] = x3
-        for i in range(OF):
+        for i in range(MT * OF):
             acc[i] = np.float32(0.0)
+        for i in range(2 * MT):
+            m_run[i] = np.float32(NEG_INF)
+            l_run[i] = np.float32(0.0)
 
         # Key tiles this query tile can see (block-uniform): the window's tiles, plus sink tiles.
         q_lo = qtile * BM + offset
@@ -238,11 +290,6 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 first = 0
                 last = max(tile_hi, sink_tiles - 1)
 
-        m0 = np.float32(NEG_INF)
-        m1 = np.float32(NEG_INF)
-        l0 = np.float32(0.0)
-        l1 = np.float32(0.0)
-
         # Mask object: its skipped tiles are never loaded. Tiles are classified 32 at a time
         # (lane i: tile base + i) into block-uniform bit sets of visible / full tiles (warp
         # votes), and the walk jumps from set bit to set bit: no serial chain of class loads.
@@ -264,22 +311,18 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
         if tile <= last:
             if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
-                for it in range(Q_CHUNK_ITERS):
-                    i = it * NTHREADS + tid
-                    r = i // CPR
-                    c = (i - r * CPR) * 4
-                    qrow = qtile * BM + r
-                    ok = qrow < seqlen_q
-                    cp_async16(qs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), q, ab,
-                               q_off + qrow if ok else 0, h, c, 16 if ok else 0)
-            for it in range(CHUNK_ITERS):
-                i = it * NTHREADS + tid
-                r = i // CPR
-                c = (i - r * CPR) * 4
-                key = tile * BN + r
-                ok = key < seqlen_k
-                cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, ab,
-                           k_off + key if ok else 0, hk, c, 16 if ok else 0)
+                qrow = qtile * BM + q_row
+                q_ok = qrow < seqlen_q
+                q_src = q_off + qrow if q_ok else 0
+                for it in range(Q_CPT):
+                    c = (it * Q_TPR + q_part) * 4
+                    cp_async16(qs, q_row, c ^ q_swz, q, ab, q_src, h, c, 16 if q_ok else 0)
+            key = tile * BN + kv_row
+            ok = key < seqlen_k
+            src = k_off + key if ok else 0
+            for it in range(CPT):
+                c = (it * TPR + kv_part) * 4
+                cp_async16(ks, kv_row, c ^ kv_swz, k, ab, src, hk, c, 16 if ok else 0)
             cp_async_commit()
 
         while tile <= last:
@@ -311,197 +354,233 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
 
             cp_async_wait_all()
             cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
-            for it in range(CHUNK_ITERS):
-                i = it * NTHREADS + tid
-                r = i // CPR
-                c = (i - r * CPR) * 4
-                key = k0 + r
-                ok = key < seqlen_k
-                cp_async16(vs, r, c ^ (SWZ_MASK & ((r & 7) << 2)), v, ab,
-                           k_off + key if ok else 0, hk, c, 16 if ok else 0)
+            key = k0 + kv_row
+            ok = key < seqlen_k
+            src = k_off + key if ok else 0
+            for it in range(CPT):
+                c = (it * TPR + kv_part) * 4
+                cp_async16(vs, kv_row, c ^ kv_swz, v, ab, src, hk, c, 16 if ok else 0)
             cp_async_commit()
 
-            # S = Q K^T: NS independent 16x8 accumulators per warp.
-            for i in range(SF):
+            # S = Q K^T: NS independent 16x8 accumulators per m-tile; each K fragment feeds the
+            # m-tiles (A fragments a* of m-tile 0, e* of m-tile 1; MT is at most 2).
+            for i in range(S_N):
                 s[i] = np.float32(0.0)
             for kk in range(KS):
                 if Q_SMEM:
-                    a0, a1, a2, a3 = ldmatrix_x4(qs, warp * 16 + v_row, (kk * 8 + v_col) ^ swz)
+                    a0, a1, a2, a3 = ldmatrix_x4(qs, warp * WROWS + v_row, (kk * 8 + v_col) ^ swz)
                 else:
                     a0 = qf[kk * 4]
                     a1 = qf[kk * 4 + 1]
                     a2 = qf[kk * 4 + 2]
                     a3 = qf[kk * 4 + 3]
+                if MT > 1:
+                    e0, e1, e2, e3 = ldmatrix_x4(qs, warp * WROWS + 16 + v_row,
+                                                 (kk * 8 + v_col) ^ swz)
                 for jj in range(NS // 2):
                     b0, b1, b2, b3 = ldmatrix_x4(ks, jj * 16 + k_row, (kk * 8 + k_col) ^ swz)
-                    j = 2 * jj
+                    j = 8 * jj
                     c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3,
-                                           b0, b1, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
-                    s[j * 4] = c0
-                    s[j * 4 + 1] = c1
-                    s[j * 4 + 2] = c2
-                    s[j * 4 + 3] = c3
-                    j = 2 * jj + 1
+                                           b0, b1, s[j], s[j + 1], s[j + 2], s[j + 3])
+                    s[j] = c0
+                    s[j + 1] = c1
+                    s[j + 2] = c2
+                    s[j + 3] = c3
                     c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3,
-                                           b2, b3, s[j * 4], s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
-                    s[j * 4] = c0
-                    s[j * 4 + 1] = c1
-                    s[j * 4 + 2] = c2
-                    s[j * 4 + 3] = c3
+                                           b2, b3, s[j + 4], s[j + 5], s[j + 6], s[j + 7])
+                    s[j + 4] = c0
+                    s[j + 5] = c1
+                    s[j + 6] = c2
+                    s[j + 7] = c3
+                    if MT > 1:
+                        j += SF
+                        c0, c1, c2, c3 = mma16(BF16, e0, e1, e2, e3,
+                                               b0, b1, s[j], s[j + 1], s[j + 2], s[j + 3])
+                        s[j] = c0
+                        s[j + 1] = c1
+                        s[j + 2] = c2
+                        s[j + 3] = c3
+                        c0, c1, c2, c3 = mma16(BF16, e0, e1, e2, e3,
+                                               b2, b3, s[j + 4], s[j + 5], s[j + 6], s[j + 7])
+                        s[j + 4] = c0
+                        s[j + 5] = c1
+                        s[j + 6] = c2
+                        s[j + 7] = c3
 
-            mx0 = np.float32(NEG_INF)
-            mx1 = np.float32(NEG_INF)
-            word0 = np.uint32(0)
-            word1 = np.uint32(0)
+            # Scores to base-2 logits, mask, row maxima. Element e of n-tile j of m-tile mt: row
+            # g (e < 2) or g + 8 of the m-tile, key k0 + 8 j + 2 t + (e & 1). The m-tile loop is
+            # innermost so that every loop here unrolls fully.
             for j in range(NS):
-                if KIND == BITMASK and not full:
-                    # Keys k0 + 8j .. k0 + 8j + 7 share one 32-bit word per row.
-                    wcol = min((k0 + j * 8) >> 5, mk_bits.shape[1] - 1)
-                    word0 = mk_bits[min(row0, seqlen_q - 1), wcol]
-                    word1 = mk_bits[min(row1, seqlen_q - 1), wcol]
-                for c in range(2):
-                    kpos = k0 + j * 8 + 2 * t + c
-                    # Visibility of (row0, kpos) and (row1, kpos); one column's mask data serves
-                    # both rows (4 interval bounds or 1 bit per row, loaded unconditionally).
-                    vis0 = True
-                    vis1 = True
-                    if not full:
-                        if has_left:
-                            vis0 = kpos >= qpos0 - window_left
-                            vis1 = kpos >= qpos1 - window_left
-                        if has_right:
-                            vis0 = vis0 and kpos <= qpos0 + window_right
-                            vis1 = vis1 and kpos <= qpos1 + window_right
-                        if has_sinks:
-                            vis0 = vis0 or (kpos < sinks and kpos <= qpos0)
-                            vis1 = vis1 or (kpos < sinks and kpos <= qpos1)
-                        if KIND == INTERVALS:
-                            iv0, iv1 = interval_visible2(mk_iv, min(kpos, seqlen_k - 1), row0, row1)
-                            vis0 = vis0 and iv0
-                            vis1 = vis1 and iv1
-                        elif KIND == BITMASK:
-                            sh = (k0 + j * 8 + 2 * t + c) & 31
-                            vis0 = vis0 and ((word0 >> sh) & 1) != 0
-                            vis1 = vis1 and ((word1 >> sh) & 1) != 0
-                        elif KIND == MASK_MOD:
-                            if kpos < seqlen_k:
-                                if vis0 and row0 < seqlen_q:
-                                    vis0 = mod(b, h, qpos0, kpos)
-                                if vis1 and row1 < seqlen_q:
-                                    vis1 = mod(b, h, qpos1, kpos)
-                        vis0 = vis0 and kpos < seqlen_k
-                        vis1 = vis1 and kpos < seqlen_k
-                    for r in range(2):
-                        e = c + 2 * r
-                        x = s[j * 4 + e]
+                for e in range(4):
+                    kpos = k0 + j * 8 + 2 * t + (e & 1)
+                    for mt in range(MT):
+                        x = s[mt * SF + j * 4 + e]
                         if has_softcap:
                             x = cap_out * math.tanh(cap_in * x)
                         else:
                             x = x * scale_log2
-                        qpos = qpos0 if r == 0 else qpos1
                         if ALIBI:
+                            qpos = wrow + mt * 16 + g + 8 * (e >> 1) + offset
                             x -= slope * abs(qpos - kpos)
-                        if not (vis0 if r == 0 else vis1):
-                            x = np.float32(NEG_INF)
-                        s[j * 4 + e] = x
-                        if r == 0:
-                            mx0 = max(mx0, x)
-                        else:
-                            mx1 = max(mx1, x)
-            # The 4 lanes of a quad hold one row: reduce across them.
-            mx0 = max(mx0, shfl_xor(mx0, 1))
-            mx0 = max(mx0, shfl_xor(mx0, 2))
-            mx1 = max(mx1, shfl_xor(mx1, 1))
-            mx1 = max(mx1, shfl_xor(mx1, 2))
-            mn0 = max(m0, mx0)
-            mn1 = max(m1, mx1)
-            # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp2 gives 0.
-            mu0 = mn0 if mn0 != NEG_INF else np.float32(0.0)
-            mu1 = mn1 if mn1 != NEG_INF else np.float32(0.0)
-            alpha0 = exp2(m0 - mu0)
-            alpha1 = exp2(m1 - mu1)
-            m0 = mn0
-            m1 = mn1
-            rs0 = np.float32(0.0)
-            rs1 = np.float32(0.0)
+                        s[mt * SF + j * 4 + e] = x
+            # Per-element masking in its own pass behind one block-uniform branch, so that
+            # tiles without masked pairs run straight-line code.
+            if not full and KIND != INTERVALS:
+                for j in range(NS):
+                    for e in range(4):
+                        kpos = k0 + j * 8 + 2 * t + (e & 1)
+                        for mt in range(MT):
+                            qpos = wrow + mt * 16 + g + 8 * (e >> 1) + offset
+                            vis = True
+                            if has_left:
+                                vis = kpos >= qpos - window_left
+                            if has_right:
+                                vis = vis and kpos <= qpos + window_right
+                            if has_sinks:
+                                vis = vis or (kpos < sinks and kpos <= qpos)
+                            row = qpos - offset
+                            if KIND != NONE and vis and kpos < seqlen_k and row < seqlen_q:
+                                if KIND == BITMASK:
+                                    vis = bit_visible(mk_bits, row, kpos)
+                                else:
+                                    vis = mod(b, h, qpos, kpos)
+                            if kpos >= seqlen_k or not vis:
+                                s[mt * SF + j * 4 + e] = np.float32(NEG_INF)
+            elif not full:
+                # Column intervals: a thread's key column serves its 2 * MT rows, so its 4
+                # bounds are loaded once (unconditionally, clamped to a valid column).
+                for j in range(NS):
+                    for c in range(2):
+                        kpos = k0 + j * 8 + 2 * t + c
+                        col = min(kpos, seqlen_k - 1)
+                        lts = mk_iv[0, col]
+                        lte = mk_iv[1, col]
+                        uts = mk_iv[2, col]
+                        ute = mk_iv[3, col]
+                        for mt in range(MT):
+                            for rr in range(2):
+                                qpos = wrow + mt * 16 + g + 8 * rr + offset
+                                row = qpos - offset
+                                vis = True
+                                if has_left:
+                                    vis = kpos >= qpos - window_left
+                                if has_right:
+                                    vis = vis and kpos <= qpos + window_right
+                                if has_sinks:
+                                    vis = vis or (kpos < sinks and kpos <= qpos)
+                                vis = (vis and kpos < seqlen_k and (row < lts or row >= lte)
+                                       and (row < uts or row >= ute))
+                                if not vis:
+                                    s[mt * SF + j * 4 + c + 2 * rr] = np.float32(NEG_INF)
+            for i in range(RUN_N):
+                mx[i] = np.float32(NEG_INF)
             for j in range(NS):
-                p0 = exp2(s[j * 4] - mu0)
-                p1 = exp2(s[j * 4 + 1] - mu0)
-                p2 = exp2(s[j * 4 + 2] - mu1)
-                p3 = exp2(s[j * 4 + 3] - mu1)
-                s[j * 4] = p0
-                s[j * 4 + 1] = p1
-                s[j * 4 + 2] = p2
-                s[j * 4 + 3] = p3
-                rs0 += p0 + p1
-                rs1 += p2 + p3
-            l0 = l0 * alpha0 + rs0     # per-lane partial sums; the quad is summed once at the end
-            l1 = l1 * alpha1 + rs1
+                for e in range(4):
+                    for mt in range(MT):
+                        r = 2 * mt + (e >> 1)
+                        mx[r] = max(mx[r], s[mt * SF + j * 4 + e])
+            for r in range(RUN_N):
+                # The 4 lanes of a quad hold one row: reduce across them.
+                x = mx[r]
+                x = max(x, shfl_xor(x, 1))
+                x = max(x, shfl_xor(x, 2))
+                m_new = max(m_run[r], x)
+                # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp2 gives 0.
+                mu[r] = m_new if m_new != NEG_INF else np.float32(0.0)
+                alpha[r] = exp2(m_run[r] - mu[r])
+                m_run[r] = m_new
+                mx[r] = np.float32(0.0)      # from here on: this tile's row sums
+            # P = exp2(S - m), packed at once to 16-bit pairs (the A operand of P V): half the
+            # registers of the fp32 scores stay live across the barrier below.
+            for j in range(NS):
+                for e in range(0, 4, 2):
+                    for mt in range(MT):
+                        r = 2 * mt + (e >> 1)
+                        p0 = exp2(s[mt * SF + j * 4 + e] - mu[r])
+                        p1 = exp2(s[mt * SF + j * 4 + e + 1] - mu[r])
+                        mx[r] += p0 + p1
+                        pk[(mt * SF + j * 4 + e) >> 1] = pack16(BF16, p0, p1)
+            for r in range(RUN_N):
+                # per-lane partial sums; the quad is summed once at the end
+                l_run[r] = l_run[r] * alpha[r] + mx[r]
             for dn in range(ND):
-                acc[dn * 4] *= alpha0
-                acc[dn * 4 + 1] *= alpha0
-                acc[dn * 4 + 2] *= alpha1
-                acc[dn * 4 + 3] *= alpha1
+                for e in range(4):
+                    for mt in range(MT):
+                        acc[mt * OF + dn * 4 + e] *= alpha[2 * mt + (e >> 1)]
 
             cp_async_wait_all()
             cuda.syncthreads()  # V tile landed; every warp is done with K
             if nxt <= last:
-                for it in range(CHUNK_ITERS):
-                    i = it * NTHREADS + tid
-                    r = i // CPR
-                    c = (i - r * CPR) * 4
-                    key = nxt * BN + r
-                    ok = key < seqlen_k
-                    cp_async16(ks, r, c ^ (SWZ_MASK & ((r & 7) << 2)), k, ab,
-                               k_off + key if ok else 0, hk, c, 16 if ok else 0)
+                key = nxt * BN + kv_row
+                ok = key < seqlen_k
+                src = k_off + key if ok else 0
+                for it in range(CPT):
+                    c = (it * TPR + kv_part) * 4
+                    cp_async16(ks, kv_row, c ^ kv_swz, k, ab, src, hk, c, 16 if ok else 0)
                 cp_async_commit()
 
-            # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits.
+            # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits;
+            # each V fragment feeds the m-tiles (a*: m-tile 0, e*: m-tile 1).
             for kb in range(NP):
-                a0 = pack16(BF16, s[kb * 8], s[kb * 8 + 1])
-                a1 = pack16(BF16, s[kb * 8 + 2], s[kb * 8 + 3])
-                a2 = pack16(BF16, s[kb * 8 + 4], s[kb * 8 + 5])
-                a3 = pack16(BF16, s[kb * 8 + 6], s[kb * 8 + 7])
+                j = kb * 4
+                a0 = pk[j]
+                a1 = pk[j + 1]
+                a2 = pk[j + 2]
+                a3 = pk[j + 3]
+                if MT > 1:
+                    j += SF // 2
+                    e0 = pk[j]
+                    e1 = pk[j + 1]
+                    e2 = pk[j + 2]
+                    e3 = pk[j + 3]
                 for dd in range(ND // 2):
                     b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, (dd * 8 + v_col) ^ swz)
-                    dn = 2 * dd
-                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b0, b1, acc[dn * 4], acc[dn * 4 + 1],
-                                         acc[dn * 4 + 2], acc[dn * 4 + 3])
-                    acc[dn * 4] = c0
-                    acc[dn * 4 + 1] = c1
-                    acc[dn * 4 + 2] = c2
-                    acc[dn * 4 + 3] = c3
-                    dn = 2 * dd + 1
-                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b2, b3, acc[dn * 4], acc[dn * 4 + 1],
-                                         acc[dn * 4 + 2], acc[dn * 4 + 3])
-                    acc[dn * 4] = c0
-                    acc[dn * 4 + 1] = c1
-                    acc[dn * 4 + 2] = c2
-                    acc[dn * 4 + 3] = c3
+                    o = 8 * dd
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b0, b1, acc[o], acc[o + 1],
+                                           acc[o + 2], acc[o + 3])
+                    acc[o] = c0
+                    acc[o + 1] = c1
+                    acc[o + 2] = c2
+                    acc[o + 3] = c3
+                    c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b2, b3, acc[o + 4], acc[o + 5],
+                                           acc[o + 6], acc[o + 7])
+                    acc[o + 4] = c0
+                    acc[o + 5] = c1
+                    acc[o + 6] = c2
+                    acc[o + 7] = c3
+                    if MT > 1:
+                        o += OF
+                        c0, c1, c2, c3 = mma16(BF16, e0, e1, e2, e3, b0, b1, acc[o], acc[o + 1],
+                                               acc[o + 2], acc[o + 3])
+                        acc[o] = c0
+                        acc[o + 1] = c1
+                        acc[o + 2] = c2
+                        acc[o + 3] = c3
+                        c0, c1, c2, c3 = mma16(BF16, e0, e1, e2, e3, b2, b3, acc[o + 4],
+                                               acc[o + 5], acc[o + 6], acc[o + 7])
+                        acc[o + 4] = c0
+                        acc[o + 5] = c1
+                        acc[o + 6] = c2
+                        acc[o + 7] = c3
             tile = nxt
 
-        l0 += shfl_xor(l0, 1)
-        l0 += shfl_xor(l0, 2)
-        l1 += shfl_xor(l1, 1)
-        l1 += shfl_xor(l1, 2)
-        inv0 = np.float32(0.0)
-        inv1 = np.float32(0.0)
-        if l0 > 0:
-            inv0 = np.float32(1.0) / l0
-        if l1 > 0:
-            inv1 = np.float32(1.0) / l1
-        if row0 < seqlen_q:
-            for dn in range(ND):
-                out[ab, q_off + row0, h, dn * 4 + t] = pack16(BF16, acc[dn * 4] * inv0,
-                                                              acc[dn * 4 + 1] * inv0)
-            if write_lse and t == 0:
-                lse[ab, h, q_off + row0] = (m0 + math.log2(l0)) * LN2 if l0 > 0 else NEG_INF
-        if row1 < seqlen_q:
-            for dn in range(ND):
-                out[ab, q_off + row1, h, dn * 4 + t] = pack16(BF16, acc[dn * 4 + 2] * inv1,
-                                                              acc[dn * 4 + 3] * inv1)
-            if write_lse and t == 0:
-                lse[ab, h, q_off + row1] = (m1 + math.log2(l1)) * LN2 if l1 > 0 else NEG_INF
+        for mt in range(MT):
+            for half in range(2):
+                row = wrow + mt * 16 + g + 8 * half
+                l = l_run[2 * mt + half]
+                l += shfl_xor(l, 1)
+                l += shfl_xor(l, 2)
+                inv = np.float32(0.0)
+                if l > 0:
+                    inv = np.float32(1.0) / l
+                if row < seqlen_q:
+                    for dn in range(ND):
+                        o = mt * OF + dn * 4 + 2 * half
+                        out[ab, q_off + row, h, dn * 4 + t] = pack16(BF16, acc[o] * inv,
+                                                                     acc[o + 1] * inv)
+                    if write_lse and t == 0:
+                        lse[ab, h, q_off + row] = ((m_run[2 * mt + half] + math.log2(l)) * LN2
+                                                   if l > 0 else NEG_INF)
 
     return _jit(kernel, cache=mask_mod is None)
 

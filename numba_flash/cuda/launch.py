@@ -233,7 +233,7 @@ def _resolve_stream(stream, kind: str, like):
 def tile_shape(dtype_name: str, head_dim: int) -> tuple[int, int]:
     """(block_m, block_n) of the kernel for this dtype and head_dim (what tile tables use)."""
     if dtype_name in _HALF_NAMES:
-        return forward.MMA_BLOCK_M, forward.mma_block_n(head_dim)
+        return forward.mma_block_m(head_dim), forward.mma_block_n(head_dim)
     itemsize = 8 if _FULL_NAMES[dtype_name] else 4
     return forward.FMA_BLOCK_M, forward.fma_block_n(head_dim, itemsize)
 
@@ -343,8 +343,9 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
         _, block_n = tile_shape(dtype_name, head_dim)
         if dtype_name in _HALF_NAMES:
             kern = forward.make_mma_kernel(head_dim, _HALF_NAMES[dtype_name], has_left, has_right,
-                                           has_sinks, has_softcap, write_lse, block_n, **extra)
-            entry = (kern, forward.MMA_BLOCK_M, forward.MMA_THREADS)
+                                           has_sinks, has_softcap, write_lse, block_n,
+                                           m_tiles=forward.mma_m_tiles(head_dim), **extra)
+            entry = (kern, forward.mma_block_m(head_dim), forward.MMA_THREADS)
         else:
             kern = forward.make_fma_kernel(head_dim, _FULL_NAMES[dtype_name], has_left, has_right,
                                            has_sinks, has_softcap, write_lse, block_n, **extra)

@@ -347,6 +347,35 @@ else:
         """Wait for every committed asynchronous copy (a no-op in the simulator)."""
 
 
+# ----------------------------------------------------------------------------- added for decode
+# Partial waits for multi-stage cp.async pipelines (no-ops in the simulator, whose cp_async16
+# copies at once) and a warp barrier.
+if not SIMULATOR:
+    cp_async_wait_1 = _bare_asm_intrinsic("cp.async.wait_group 1;")
+    cp_async_wait_2 = _bare_asm_intrinsic("cp.async.wait_group 2;")
+    cp_async_wait_3 = _bare_asm_intrinsic("cp.async.wait_group 3;")
+
+    @cuda.jit(device=True, inline=True)
+    def syncwarp():
+        """Barrier of the (fully active) warp; orders its lanes' shared-memory accesses."""
+        cuda.syncwarp(0xFFFFFFFF)
+else:
+    def cp_async_wait_1():
+        """Wait until at most one committed copy group is pending (no-op in the simulator)."""
+
+    def cp_async_wait_2():
+        """Wait until at most two committed copy groups are pending (no-op in the simulator)."""
+
+    def cp_async_wait_3():
+        """Wait until at most three committed copy groups are pending (no-op in the simulator)."""
+
+    _NONE32 = [None] * 32
+
+    def syncwarp():
+        """Warp barrier: every simulated lane of the warp arrives before any goes on."""
+        _collective(None, lambda slots: _NONE32)
+
+
 # Warp votes for the mask tile walk (maskdev.py): a block-uniform bit set of 32 key tiles.
 if not SIMULATOR:
     @cuda.jit(device=True, inline=True)

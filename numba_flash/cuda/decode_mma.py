@@ -1,0 +1,531 @@
+"""Split-KV decode on tensor cores: one warp per (split, batch item, kv head, 16-row chunk).
+
+The ``group * seqlen_q`` query rows that share a kv head (GQA packing) fill the 16 rows of an
+m16n8k16 tile (rows past them are zero queries whose results are never written), so every K/V
+byte of a split is read once for all of them:
+
+* Q's A fragments sit in registers for the whole key loop (``D / 4`` words per lane);
+* K and V tiles of ``BN`` keys stream into the warp's own ring of ``STAGES`` shared-memory
+  buffers through ``cp.async`` (16 bytes per copy, zero-filled past the split's end), so
+  ``STAGES - 1`` tiles are in flight while one is consumed; no block barrier anywhere;
+* S = Q K^T from ``ldmatrix`` B fragments, online softmax on the accumulator fragment, which is
+  already the A operand layout of O += P V (P never leaves registers; V fragments through
+  ``ldmatrix.trans``), as in forward.py.
+
+A block holds ``WARPS`` independent warps: warp w of block x is split ``x * WARPS + w`` (more
+warps per block only pack more splits per block; they never communicate). With one split the
+warp writes the output and lse directly, else an fp32 partial state (normalised o, natural-log
+lse) for the merge kernel. Masks as in decode.py's CUDA-core kernel: window / sinks / a draft
+tree of at most 64 nodes, keys counted on the same "virtual" axis (sink keys, then the window).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+from numba.cuda import types
+
+from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
+                   cp_async_wait_3, exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16,
+                   shfl_xor, syncwarp)
+
+__all__ = ["make_mma_decode_kernel", "mma_decode_supported", "mma_smem_bytes", "MMA_ROWS"]
+
+MMA_ROWS = 16
+LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
+
+
+def _jit(fn):
+    return cuda.jit(fn) if SIMULATOR else cuda.jit(cache=True)(fn)
+
+
+def mma_decode_supported(head_dim: int) -> bool:
+    """Whether the tensor-core decode kernel takes this head_dim (multiples of 16 up to 128:
+    beyond, Q fragments plus the accumulator pass the register budget)."""
+    return head_dim % 16 == 0 and 16 <= head_dim <= 128
+
+
+def _row_words(head_dim: int) -> tuple[int, int]:
+    """(words per shared row, swizzle mask): rows of a multiple of 8 16-byte chunks are
+    XOR-swizzled, others padded by 16 bytes, so an ldmatrix's 8 rows hit distinct banks."""
+    dw = head_dim // 2
+    if (head_dim // 8) % 8 == 0:
+        return dw, 28
+    return dw + 4, 0
+
+
+def mma_smem_bytes(head_dim: int, block_n: int, stages: int, warps: int) -> int:
+    """Static shared memory of one block: K and V rings of every warp."""
+    kw, _ = _row_words(head_dim)
+    return 2 * warps * stages * block_n * kw * 4
+
+
+def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: bool,
+                           has_right: bool, has_sinks: bool, has_softcap: bool, has_tree: bool,
+                           direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
+                           fold: bool = False):
+    """Build the tensor-core decode kernel for one configuration (every argument compile-time).
+
+    Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
+    lse_part, counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out, window_left,
+    window_right, sinks, tree_len, page_size, page_shift)``, arrays as in decode.py's kernel:
+    q uint32 (B, Sq, Hq, D/2); k, v uint32 (B, S_max, Hkv, D/2) or paged (num_pages, page_size,
+    Hkv, D/2) with block_table int32 (B, max_pages); cache_seqlens int32 (B,); tree_bits uint32
+    (Sq, 2); direct: out uint32 (B, Sq, Hq, D/2), lse float32 (B, Hq, Sq); else o_part float32
+    (n_splits, B, Sq, Hq, D), lse_part float32 (n_splits, B, Hq, Sq).
+
+    ``fold`` (with splits): the merge is folded in. Each warp, after writing its partial
+    state, bumps ``counters[b * gridDim.z + blockIdx.z]`` (int32, zero before the launch); the
+    warp that brings it to ``n_splits`` is the last of its (batch item, kv head, chunk): it
+    merges the partial states of its rows into out / lse and resets the counter to 0, so the
+    same counters serve the next launch on the stream. No second kernel launch.
+
+    Grid ``(ceil(n_splits / warps), B, Hkv * row_chunks)``, ``32 * warps`` threads;
+    ``block_n`` a multiple of 16, ``stages`` in 2..4, within 48 KB of static shared memory.
+    """
+    D = head_dim
+    KS = D // 16                  # k-steps of Q K^T
+    ND = D // 8                   # n-tiles of the output
+    CPR = D // 8                  # 16-byte chunks per row
+    BN = block_n
+    NS = BN // 8                  # n-tiles of S
+    NP = BN // 16                 # k-steps of P V
+    S = stages
+    NW = warps
+    KW, SWZ_MASK = _row_words(D)
+    LOADS = BN * CPR // 32        # 16-byte copies per lane per tile, for K and again for V
+    ROWS = NW * S * BN
+    QF, SF, OF = KS * 4, NS * 4, ND * 4     # fragment registers: Q, scores, output
+    MF = 2 * ND                   # folded merge: one row's output pairs per lane
+    BF16 = bool(is_bf16)
+    FOLD = bool(fold) and not direct
+    NEG_INF = -math.inf
+    if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4:
+        raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, head_dim {D}")
+
+    def kernel(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part, lse_part,
+               counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out, window_left,
+               window_right, sinks, tree_len, page_size, page_shift):
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        split = cuda.blockIdx.x * NW + warp
+        if split >= n_splits:
+            return
+        b = cuda.blockIdx.y
+        hk = cuda.blockIdx.z // row_chunks
+        chunk = cuda.blockIdx.z - hk * row_chunks
+        seqlen_q = q.shape[1]
+        g = lane >> 2
+        t = lane & 3
+        k_row = (lane >> 4) * 8 + (lane & 7)
+        k_col = ((lane >> 3) & 1) * 4
+        v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
+        v_col = (lane >> 4) * 4
+        swz = SWZ_MASK & ((lane & 7) << 2)
+
+        if SIMULATOR:
+            ks = cuda.shared.array((ROWS, KW), types.uint32)
+            vs = cuda.shared.array((ROWS, KW), types.uint32)
+        else:
+            ks = cuda.shared.array((ROWS, KW), types.uint32, alignment=16)
+            vs = cuda.shared.array((ROWS, KW), types.uint32, alignment=16)
+        qf = cuda.local.array(QF, types.uint32)
+        s = cuda.local.array(SF, types.float32)
+        acc = cuda.local.array(OF, types.float32)
+
+        if paged:
+            capacity = block_table.shape[1] * page_size
+        else:
+            capacity = k.shape[1]
+        n = cache_seqlens[b]
+        n = max(0, min(n, capacity))    # memory safety only: the host validates when asked
+        offset = n - seqlen_q
+        m_rows = heads_ratio * seqlen_q
+
+        # This lane's two rows (g and g + 8 of the chunk): (query head, query index).
+        rr0 = chunk * 16 + g
+        rr1 = rr0 + 8
+        live0 = rr0 < m_rows
+        live1 = rr1 < m_rows
+        gi0 = rr0 // seqlen_q
+        gi1 = rr1 // seqlen_q
+        s0 = rr0 - gi0 * seqlen_q
+        s1 = rr1 - gi1 * seqlen_q
+        h0 = hk * heads_ratio + gi0
+        h1 = hk * heads_ratio + gi1
+        qpos0 = s0 + offset
+        qpos1 = s1 + offset
+        tb00 = np.uint32(0)
+        tb01 = np.uint32(0)
+        tb10 = np.uint32(0)
+        tb11 = np.uint32(0)
+        if has_tree:
+            tb00 = tree_bits[s0 if live0 else 0, 0]
+            tb01 = tree_bits[s0 if live0 else 0, 1]
+            tb10 = tree_bits[s1 if live1 else 0, 0]
+            tb11 = tree_bits[s1 if live1 else 0, 1]
+        zero_w = np.uint32(0)
+        for kk in range(KS):
+            w = kk * 8 + t
+            x0 = zero_w
+            x2 = zero_w
+            if live0:
+                x0 = q[b, s0, h0, w]
+                x2 = q[b, s0, h0, w + 4]
+            x1 = zero_w
+            x3 = zero_w
+            if live1:
+                x1 = q[b, s1, h1, w]
+                x3 = q[b, s1, h1, w + 4]
+            qf[kk * 4] = x0
+            qf[kk * 4 + 1] = x1
+            qf[kk * 4 + 2] = x2
+            qf[kk * 4 + 3] = x3
+        for i in range(ND * 4):
+            acc[i] = np.float32(0.0)
+
+        # Keys the chunk's rows may see: the window [lo, hi) plus sinks [0, ns) below it.
+        chunk_rows = min(16, m_rows - chunk * 16)
+        if seqlen_q < chunk_rows:
+            q_lo = offset
+            q_hi = n - 1
+        else:
+            sa = (chunk * 16) % seqlen_q
+            sb = (chunk * 16 + chunk_rows - 1) % seqlen_q
+            q_lo = offset + (sa if sb >= sa else 0)
+            q_hi = offset + (sb if sb >= sa else seqlen_q - 1)
+        lo = 0
+        hi = n
+        if has_left:
+            lo = max(0, q_lo - window_left)
+        if has_right:
+            hi = min(n, q_hi + window_right + 1)
+        if hi < lo:
+            hi = lo
+        ns = 0
+        if has_sinks:
+            ns = max(0, min(sinks, lo, q_hi + 1))
+        total = ns + hi - lo
+        per = (total + n_splits - 1) // n_splits
+        per = ((per + BN - 1) // BN) * BN
+        v_start = split * per
+        v_end = min(total, v_start + per)
+        n_tiles = 0
+        if v_end > v_start:
+            n_tiles = (v_end - v_start + BN - 1) // BN
+        tree_start = n - tree_len
+
+        m0 = np.float32(NEG_INF)
+        m1 = np.float32(NEG_INF)
+        l0 = np.float32(0.0)
+        l1 = np.float32(0.0)
+        ring = warp * S * BN
+
+        # Step `step` issues tile `step` and consumes tile `step - S + 1`: S - 1 tiles in flight.
+        for step in range(n_tiles + S - 1):
+            syncwarp()        # every lane is done reading the buffer about to be refilled
+            if step < n_tiles:
+                t0 = v_start + step * BN
+                dst0 = ring + (step % S) * BN
+                for it in range(LOADS):
+                    i = it * 32 + lane
+                    r = i // CPR
+                    c = (i - r * CPR) * 4
+                    vk = t0 + r
+                    ok = vk < v_end
+                    key = vk if vk < ns else vk - ns + lo
+                    if paged:
+                        if page_shift >= 0:
+                            pg = key >> page_shift
+                            row = key - (pg << page_shift)
+                        else:
+                            pg = key // page_size
+                            row = key - pg * page_size
+                        page = block_table[b, pg] if ok else 0
+                        if page < 0 or page >= k.shape[0]:
+                            page = 0
+                            ok = False
+                        bi = page
+                    else:
+                        row = key
+                        bi = b
+                    if not ok:
+                        row = 0
+                    dc = c ^ (SWZ_MASK & ((r & 7) << 2))
+                    nbytes = 16 if ok else 0
+                    cp_async16(ks, dst0 + r, dc, k, bi, row, hk, c, nbytes)
+                    cp_async16(vs, dst0 + r, dc, v, bi, row, hk, c, nbytes)
+            cp_async_commit()
+            if step >= S - 1:
+                if S == 2:
+                    cp_async_wait_1()
+                elif S == 3:
+                    cp_async_wait_2()
+                else:
+                    cp_async_wait_3()
+                syncwarp()    # the tile's copies by every lane have landed
+                tile = step - S + 1
+                kb0 = v_start + tile * BN
+                base = ring + (tile % S) * BN
+
+                for i in range(NS * 4):
+                    s[i] = np.float32(0.0)
+                for kk in range(KS):
+                    a0 = qf[kk * 4]
+                    a1 = qf[kk * 4 + 1]
+                    a2 = qf[kk * 4 + 2]
+                    a3 = qf[kk * 4 + 3]
+                    for jj in range(NS // 2):
+                        b0, b1, b2, b3 = ldmatrix_x4(ks, base + jj * 16 + k_row,
+                                                     (kk * 8 + k_col) ^ swz)
+                        j = 2 * jj
+                        c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b0, b1, s[j * 4],
+                                               s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
+                        s[j * 4] = c0
+                        s[j * 4 + 1] = c1
+                        s[j * 4 + 2] = c2
+                        s[j * 4 + 3] = c3
+                        j = 2 * jj + 1
+                        c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b2, b3, s[j * 4],
+                                               s[j * 4 + 1], s[j * 4 + 2], s[j * 4 + 3])
+                        s[j * 4] = c0
+                        s[j * 4 + 1] = c1
+                        s[j * 4 + 2] = c2
+                        s[j * 4 + 3] = c3
+
+                # Is every (row, key) pair of the tile visible? Then no per-element mask.
+                full = kb0 + BN <= v_end and kb0 >= ns
+                kp0 = kb0 - ns + lo
+                if has_right:
+                    full = full and kp0 + BN - 1 <= q_lo + window_right
+                if has_left:
+                    full = full and kp0 >= q_hi - window_left
+                if has_tree:
+                    full = full and kp0 + BN - 1 < tree_start and kp0 + BN - 1 <= q_lo
+
+                mx0 = np.float32(NEG_INF)
+                mx1 = np.float32(NEG_INF)
+                for j in range(NS):
+                    for e in range(4):
+                        x = s[j * 4 + e]
+                        if has_softcap:
+                            x = cap_out * math.tanh(cap_in * x)
+                        else:
+                            x = x * scale_log2
+                        if not full:
+                            vk = kb0 + j * 8 + 2 * t + (e & 1)
+                            kpos = vk if vk < ns else vk - ns + lo
+                            qp = qpos0 if e < 2 else qpos1
+                            vis = vk < v_end
+                            if has_right:
+                                vis = vis and kpos <= qp + window_right
+                            if has_left:
+                                inwin = kpos >= qp - window_left
+                                if has_sinks:
+                                    inwin = inwin or (kpos < sinks and kpos <= qp)
+                                vis = vis and inwin
+                            if has_tree:
+                                tk = kpos - tree_start
+                                if tk >= 0:
+                                    if e < 2:
+                                        word = tb00 if tk < 32 else tb01
+                                    else:
+                                        word = tb10 if tk < 32 else tb11
+                                    vis = vis and ((word >> (tk & 31)) & 1) != 0
+                                else:
+                                    vis = vis and kpos <= qp
+                            if not vis:
+                                x = np.float32(NEG_INF)
+                        s[j * 4 + e] = x
+                        if e < 2:
+                            mx0 = max(mx0, x)
+                        else:
+                            mx1 = max(mx1, x)
+                mx0 = max(mx0, shfl_xor(mx0, 1))
+                mx0 = max(mx0, shfl_xor(mx0, 2))
+                mx1 = max(mx1, shfl_xor(mx1, 1))
+                mx1 = max(mx1, shfl_xor(mx1, 2))
+                mn0 = max(m0, mx0)
+                mn1 = max(m1, mx1)
+                mu0 = mn0 if mn0 != NEG_INF else np.float32(0.0)
+                mu1 = mn1 if mn1 != NEG_INF else np.float32(0.0)
+                alpha0 = exp2(m0 - mu0)
+                alpha1 = exp2(m1 - mu1)
+                m0 = mn0
+                m1 = mn1
+                rs0 = np.float32(0.0)
+                rs1 = np.float32(0.0)
+                for j in range(NS):
+                    p0 = exp2(s[j * 4] - mu0)
+                    p1 = exp2(s[j * 4 + 1] - mu0)
+                    p2 = exp2(s[j * 4 + 2] - mu1)
+                    p3 = exp2(s[j * 4 + 3] - mu1)
+                    s[j * 4] = p0
+                    s[j * 4 + 1] = p1
+                    s[j * 4 + 2] = p2
+                    s[j * 4 + 3] = p3
+                    rs0 += p0 + p1
+                    rs1 += p2 + p3
+                l0 = l0 * alpha0 + rs0     # per-lane partial sums; the quad sums them at the end
+                l1 = l1 * alpha1 + rs1
+                for dn in range(ND):
+                    acc[dn * 4] *= alpha0
+                    acc[dn * 4 + 1] *= alpha0
+                    acc[dn * 4 + 2] *= alpha1
+                    acc[dn * 4 + 3] *= alpha1
+
+                for kb in range(NP):
+                    a0 = pack16(BF16, s[kb * 8], s[kb * 8 + 1])
+                    a1 = pack16(BF16, s[kb * 8 + 2], s[kb * 8 + 3])
+                    a2 = pack16(BF16, s[kb * 8 + 4], s[kb * 8 + 5])
+                    a3 = pack16(BF16, s[kb * 8 + 6], s[kb * 8 + 7])
+                    for dd in range(ND // 2):
+                        b0, b1, b2, b3 = ldmatrix_x4_trans(vs, base + kb * 16 + v_row,
+                                                           (dd * 8 + v_col) ^ swz)
+                        dn = 2 * dd
+                        c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b0, b1, acc[dn * 4],
+                                               acc[dn * 4 + 1], acc[dn * 4 + 2], acc[dn * 4 + 3])
+                        acc[dn * 4] = c0
+                        acc[dn * 4 + 1] = c1
+                        acc[dn * 4 + 2] = c2
+                        acc[dn * 4 + 3] = c3
+                        dn = 2 * dd + 1
+                        c0, c1, c2, c3 = mma16(BF16, a0, a1, a2, a3, b2, b3, acc[dn * 4],
+                                               acc[dn * 4 + 1], acc[dn * 4 + 2], acc[dn * 4 + 3])
+                        acc[dn * 4] = c0
+                        acc[dn * 4 + 1] = c1
+                        acc[dn * 4 + 2] = c2
+                        acc[dn * 4 + 3] = c3
+
+        l0 += shfl_xor(l0, 1)
+        l0 += shfl_xor(l0, 2)
+        l1 += shfl_xor(l1, 1)
+        l1 += shfl_xor(l1, 2)
+        inv0 = np.float32(0.0)
+        inv1 = np.float32(0.0)
+        lse0 = np.float32(NEG_INF)
+        lse1 = np.float32(NEG_INF)
+        if l0 > 0:
+            inv0 = np.float32(1.0) / l0
+            lse0 = (m0 + math.log2(l0)) * np.float32(LN2)
+        if l1 > 0:
+            inv1 = np.float32(1.0) / l1
+            lse1 = (m1 + math.log2(l1)) * np.float32(LN2)
+        if live0:
+            for dn in range(ND):
+                if direct:
+                    out[b, s0, h0, dn * 4 + t] = pack16(BF16, acc[dn * 4] * inv0,
+                                                        acc[dn * 4 + 1] * inv0)
+                else:
+                    o_part[split, b, s0, h0, dn * 8 + 2 * t] = acc[dn * 4] * inv0
+                    o_part[split, b, s0, h0, dn * 8 + 2 * t + 1] = acc[dn * 4 + 1] * inv0
+            if t == 0:
+                if direct:
+                    if write_lse:
+                        lse[b, h0, s0] = lse0
+                else:
+                    lse_part[split, b, h0, s0] = lse0
+        if live1:
+            for dn in range(ND):
+                if direct:
+                    out[b, s1, h1, dn * 4 + t] = pack16(BF16, acc[dn * 4 + 2] * inv1,
+                                                        acc[dn * 4 + 3] * inv1)
+                else:
+                    o_part[split, b, s1, h1, dn * 8 + 2 * t] = acc[dn * 4 + 2] * inv1
+                    o_part[split, b, s1, h1, dn * 8 + 2 * t + 1] = acc[dn * 4 + 3] * inv1
+            if t == 0:
+                if direct:
+                    if write_lse:
+                        lse[b, h1, s1] = lse1
+                else:
+                    lse_part[split, b, h1, s1] = lse1
+
+        if FOLD:
+            cuda.threadfence()     # this lane's partial state is visible device-wide ...
+            syncwarp()             # ... for every lane, before lane 0 signals
+            cidx = b * cuda.gridDim.z + cuda.blockIdx.z
+            if lane == 0:          # the (now idle) ring's first word broadcasts the arrival
+                ks[ring, 0] = np.uint32(cuda.atomic.add(counters, cidx, 1))
+            syncwarp()
+            if ks[ring, 0] == np.uint32(n_splits - 1):
+                # Last warp of the chunk: merge every split's state of the chunk's rows. The
+                # 8 lane groups g share the rows: ``G = 8 / RP`` groups per row (RP = live rows
+                # rounded up to a power of two, at most 8; 16 rows take two passes), each
+                # taking every G-th split, two splits per iteration with all their loads issued
+                # together (the loop is latency-bound), then a reduction over the G groups
+                # (xor shuffles of lane bits 2..4). Lane t keeps the words dn * 4 + t.
+                cuda.threadfence()
+                rl = chunk_rows
+                rp = 1
+                while rp < rl and rp < 8:
+                    rp *= 2
+                G = 8 // rp
+                lg = 0
+                while (1 << lg) < G:
+                    lg += 1
+                slot = g // G
+                j = g - slot * G
+                macc = cuda.local.array(MF, types.float32)
+                for ps in range(2):
+                    if ps == 0 or rl > 8:
+                        r = ps * 8 + slot
+                        live = r < rl
+                        rr = chunk * 16 + r
+                        gi = rr // seqlen_q
+                        sq = rr - gi * seqlen_q
+                        hh = hk * heads_ratio + gi
+                        # Online merge (running max m, rescaled sums): one pass over the
+                        # splits; exp2(-inf) = 0 makes empty splits and padding weigh nothing.
+                        m = np.float32(NEG_INF)
+                        tot = np.float32(0.0)
+                        for e in range(MF):
+                            macc[e] = np.float32(0.0)
+                        if live:
+                            for sp in range(j, n_splits, 2 * G):
+                                okb = sp + G < n_splits
+                                spb = sp + G if okb else sp
+                                la = lse_part[sp, b, hh, sq]
+                                lb = lse_part[spb, b, hh, sq]
+                                lb = lb if okb else np.float32(NEG_INF)
+                                mn = max(m, max(la, lb))
+                                mu = mn if mn != NEG_INF else np.float32(0.0)
+                                sc = exp2((m - mu) * np.float32(LOG2E))
+                                wa = exp2((la - mu) * np.float32(LOG2E))
+                                wb = exp2((lb - mu) * np.float32(LOG2E))
+                                m = mn
+                                tot = tot * sc + wa + wb
+                                for dn in range(ND):
+                                    c = dn * 8 + 2 * t
+                                    macc[2 * dn] = (macc[2 * dn] * sc
+                                                    + wa * o_part[sp, b, sq, hh, c]
+                                                    + wb * o_part[spb, b, sq, hh, c])
+                                    macc[2 * dn + 1] = (macc[2 * dn + 1] * sc
+                                                        + wa * o_part[sp, b, sq, hh, c + 1]
+                                                        + wb * o_part[spb, b, sq, hh, c + 1])
+                        for lv in range(lg):
+                            mo = shfl_xor(m, 4 << lv)
+                            mn = max(m, mo)
+                            mu = mn if mn != NEG_INF else np.float32(0.0)
+                            sa = exp2((m - mu) * np.float32(LOG2E))
+                            sb = exp2((mo - mu) * np.float32(LOG2E))
+                            m = mn
+                            tot = tot * sa + shfl_xor(tot, 4 << lv) * sb
+                            for e in range(MF):
+                                macc[e] = macc[e] * sa + shfl_xor(macc[e], 4 << lv) * sb
+                        mu = m if m != NEG_INF else np.float32(0.0)
+                        if live and j == 0:
+                            inv = np.float32(0.0)
+                            if tot > 0:
+                                inv = np.float32(1.0) / tot
+                            for dn in range(ND):
+                                out[b, sq, hh, dn * 4 + t] = pack16(BF16, macc[2 * dn] * inv,
+                                                                    macc[2 * dn + 1] * inv)
+                            if write_lse and t == 0:
+                                lse[b, hh, sq] = mu + math.log(tot) if tot > 0 else NEG_INF
+                if lane == 0:
+                    counters[cidx] = 0
+
+    return _jit(kernel)
