@@ -234,7 +234,10 @@ def test_kernel_tile_walk_past_32_tiles(dtype_name, sk):
     them; tensor cores: 64-key tiles, 35 of them)."""
     rng = np.random.default_rng(11)
     sq = 5
-    for mask, kw in _far_masks(sq, sk):
+    cases = _far_masks(sq, sk)
+    if SIMULATOR and dtype_name == "float16":   # tensor-core steps are slow there: the walk's
+        cases = [cases[0], cases[2]]            # two shapes (group jump; sinks, then window)
+    for mask, kw in cases:
         from numba_flash.cuda.maskplan import mask_encoding
         assert mask_encoding(mask, sq, sk) in ("intervals", "bitmask")
         _attention_case(rng, dtype_name, 1, sq, sk, 1, 1, 32, mask, **kw)
