@@ -12,8 +12,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-280}
-TEST_LIMIT=${TEST_LIMIT:-120}
-BENCH_SET_ARGS=${BENCH_SET_ARGS:-"--no-naive --no-sdpa"}
+TEST_LIMIT=${TEST_LIMIT:-180}
+BENCH_SET_ARGS=${BENCH_SET_ARGS-"--no-naive --no-sdpa"}   # "" runs SDPA and naive too
 t0=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - t0))); }
 if [ "${SKIP_PRELUDE:-0}" != 1 ]; then
