@@ -156,6 +156,8 @@ def bench_set(args, results, save):
         q, k, v = (torch.randn((b, h, n, d), device="cuda", dtype=tdt, generator=g)
                    for _ in range(3))
         qs, ks, vs = (x.transpose(1, 2) for x in (q, k, v))   # (B, S, H, D) views, no copy
+        if not args.no_overhead:
+            bench_overhead(args, qs, ks, vs, dtype_name, results, save)
         for name, mask in mask_set(n).items():
             row = {"dtype": dtype_name, "mask": name, "n": n, "batch": b, "heads": h, "dim": d}
             pairs = visible_pairs(mask, n)
@@ -193,6 +195,25 @@ def bench_set(args, results, save):
             print(json.dumps(row), flush=True)
             save()
             torch.cuda.empty_cache()
+
+
+def bench_overhead(args, qs, ks, vs, dtype_name, results, save):
+    """What the mask machinery itself costs (ours only): a mask object whose every tile is full
+    (prefix-LM with the whole sequence as prefix) against no mask, and a causal mask object
+    against the causal flag (same visible pairs, same tiles)."""
+    import numba_flash
+
+    n, b, h, d = args.n, args.batch, args.heads, args.dim
+    cases = [("full_no_mask", None, {}), ("full_as_mask_object", M.prefix_lm_causal(n), {}),
+             ("causal_flag", None, {"causal": True}), ("causal_mask_object", M.causal(), {})]
+    for name, mask, kw in cases:
+        pairs = n * (n + 1) // 2 if (kw or name.startswith("causal")) else n * n
+        ms = timed(lambda: numba_flash.attention(qs, ks, vs, mask=mask, **kw), args.reps)
+        row = {"dtype": dtype_name, "overhead_case": name, "n": n, "ours_ms": ms,
+               "ours_tflops": 4.0 * d * pairs * b * h / (ms * 1e-3) / 1e12}
+        results.setdefault("overhead", []).append(row)
+        print(json.dumps(row), flush=True)
+        save()
 
 
 def sweep_masks(n: int, docs: int, rng):
@@ -270,6 +291,8 @@ def main(argv=None):
     p.add_argument("--no-naive", action="store_true")
     p.add_argument("--no-set", action="store_true")
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--no-overhead", action="store_true",
+                   help="skip the machinery-cost rows (mask object vs flags, ours only)")
     p.add_argument("--json", default="bench_masks.json")
     p.add_argument("--png", default="bench_masks_sweep.png")
     args = p.parse_args(argv)

@@ -5,7 +5,8 @@
 Sq = 77, Sk = 93 (bottom-right aligned, ragged last tiles), GQA 2, head_dim 64, float16 and
 float32 kernels, with each mask encoding: column intervals (causal document), packed bitmask
 (a BFS-ordered tree), a compiled mask_mod reading a captured array; then ALiBi, a packed
-(cu_seqlens) batch with an empty sequence, and one unmasked causal case for comparison.
+(cu_seqlens) batch with an empty sequence, and one unmasked causal case for comparison; then
+Sk = 2200 with 5 queries (window + sinks + mask), where the visible key tiles lie past the first 32.
 """
 import cupy as cp
 import numpy as np
@@ -34,6 +35,14 @@ def main():
                               cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40,
                               max_seqlen_k=50, return_lse=True)
         print("ran varlen", np.dtype(dt).name, flush=True)
+    # Visible key tiles beyond the first group of 32 (the walk's later warp votes).
+    qf = rng.standard_normal((1, 5, 2, 64), dtype=cp.float32)
+    kf, vf = (rng.standard_normal((1, 2200, 1, 64), dtype=cp.float32) for _ in range(2))
+    for dt in (cp.float16, cp.float32):
+        for m in (masks.global_sliding_window(16, 40), masks.causal_document([2100, 100])):
+            numba_flash.attention(qf.astype(dt), kf.astype(dt), vf.astype(dt), mask=m,
+                                  window_size=(60, 0), sinks=3, return_lse=True)
+        print("ran far tiles", np.dtype(dt).name, flush=True)
     cp.cuda.runtime.deviceSynchronize()
     print("mask sanitize cases ran")
 

@@ -209,3 +209,98 @@ def test_gpu_interval_memory_is_linear():
     plan = plan_mask(m, 1, 1, n, n, 64, 64, False, 0)
     nbytes = plan.iv.nbytes + plan.mm.nbytes
     assert nbytes == 16 * n + 32 * (n // 64)
+
+
+def _far_masks(sq, sk):
+    """Masks whose visible key tiles lie in the first and in the second group of 32 tiles."""
+    rng = np.random.default_rng(sk)
+    dense = np.zeros((sq, sk), bool)
+    dense[:, :19] = True
+    dense[:, sk - 70:] = rng.random((sq, 70)) < 0.5        # not interval-representable
+    return [(masks.global_sliding_window(16, 40), {}),
+            (masks.from_dense(dense), {}),
+            (masks.causal_document([sk - 100, 100]), dict(window_size=(50, 0), sinks=3)),
+            (masks.document([sk - 130, 130]), {})] + ([] if SIMULATOR else [
+            # Every tile visible: whole groups of 32 (lane 31's tile included) before the next
+            # (on the GPU the vote's int32 result once sign-extended there).
+            (masks.document([sk]), {}),
+            (masks.prefix_lm_causal(sk // 2), dict(window_size=(sk - 40, -1)))])
+
+
+@pytest.mark.parametrize("dtype_name,sk", [("float32", 1100), ("float16", 2200)])
+def test_kernel_tile_walk_past_32_tiles(dtype_name, sk):
+    """The walk classifies 32 key tiles per warp vote: masks whose visible tiles sit in a later
+    group (and sinks before a distant window) must still be found (FMA: 32-key tiles, 35 of
+    them; tensor cores: 64-key tiles, 35 of them)."""
+    rng = np.random.default_rng(11)
+    sq = 5
+    cases = _far_masks(sq, sk)
+    if SIMULATOR and dtype_name == "float16":   # tensor-core steps are slow there: the walk's
+        cases = [cases[0], cases[2]]            # two shapes (group jump; sinks, then window)
+    for mask, kw in cases:
+        from numba_flash.cuda.maskplan import mask_encoding
+        assert mask_encoding(mask, sq, sk) in ("intervals", "bitmask")
+        _attention_case(rng, dtype_name, 1, sq, sk, 1, 1, 32, mask, **kw)
+
+
+@gpu
+def test_gpu_mask_memory_through_device_free_memory():
+    """What a mask costs on the device, read from the driver's free memory: column intervals
+    O(N) (16 bytes per key + 32 per key tile: about 1 MiB at N = 65536, where a bitmask would
+    take 512 MiB); a packed bitmask N^2 / 8 bytes plus one byte per tile. Other test processes
+    may share the GPU: bounds leave room for their traffic (median of 3 for intervals)."""
+    from numba import cuda
+
+    from numba_flash.cuda.maskplan import plan_mask
+
+    ctx = cuda.current_context()
+    MiB = 2**20
+    # Load the preprocessing kernels first (a module load takes device memory too).
+    plan_mask(masks.causal_document([40, 60]), 1, 1, 100, 100, 64, 64, False, 0)
+    plan_mask(masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], 91), 1, 1, 100, 100, 64, 64, False, 0)
+    cuda.synchronize()
+
+    def used(mask, n):
+        free0 = ctx.get_memory_info()[0]
+        plan = plan_mask(mask, 1, 1, n, n, 64, 64, False, 0)
+        cuda.synchronize()
+        return free0 - ctx.get_memory_info()[0], plan
+
+    n = 65536
+    runs = [used(masks.causal_document([20000 + i, 45536 - i]), n) for i in range(3)]
+    for _, plan in runs:
+        assert plan.iv.nbytes + plan.mm.nbytes == 16 * n + 32 * (n // 64)
+    assert sorted(b for b, _ in runs)[1] <= 16 * MiB, runs
+    n = 16384
+    nbytes, plan = used(masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9), n)
+    assert plan.bits.nbytes == n * n // 8
+    assert 24 * MiB <= nbytes <= 48 * MiB, nbytes
+
+
+@gpu
+def test_gpu_masked_fast_launch_matches_dispatcher(monkeypatch):
+    """Masked, ALiBi and packed calls through the direct cuda.core launch give bitwise the
+    dispatcher launch's result."""
+    from numba_flash.cuda import launch
+    from numba_flash.varlen import check_varlen
+
+    rng = np.random.default_rng(12)
+    n = 2300
+    doc = np.repeat(np.arange(3), [900, 700, 700]).astype(np.int32)   # a kernel constant
+    cases = [dict(mask=masks.causal_document([900, 700, 700])),
+             dict(mask=masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9)),
+             dict(mask=masks.mask_mod(lambda b, h, qi, kv: doc[qi] == doc[kv])),
+             dict(causal=True, alibi_slopes=cp.asarray([0.25, 0.0625], cp.float32))]
+    for dt in (cp.float16, cp.float32):
+        q, k, v = (cp.asarray(rng.standard_normal((1, n, 2, 64))).astype(dt) for _ in range(3))
+        cu = cp.asarray([0, 1000, 1000, 2300], cp.int32)
+        vl = check_varlen(cu, cu, 1300, 1300, n, n, "cuda")
+        calls = [((q, k, v), kw) for kw in cases]
+        calls.append(((q[0], k[0], v[0]), dict(causal=True, varlen=vl)))
+        for args, kw in calls:
+            fast = launch.attention_cuda(*args, softmax_scale=0.125, return_lse=True, **kw)
+            monkeypatch.setattr(launch, "_FAST_LAUNCH", False)
+            slow = launch.attention_cuda(*args, softmax_scale=0.125, return_lse=True, **kw)
+            monkeypatch.setattr(launch, "_FAST_LAUNCH", True)
+            for a, b in zip(fast, slow):
+                assert bool(cp.all(a.view(cp.uint8) == b.view(cp.uint8))), (dt, kw)

@@ -29,9 +29,9 @@ from numba import cuda
 from numba.cuda import types
 
 from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
-                      interval_visible, tile_class)
+                      chunk_classes, interval_visible)
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
-                   ldmatrix_x4_trans, mma16, pack16, shfl_xor)
+                   ldmatrix_x4_trans, lowest_bit, mma16, pack16, shfl_xor)
 
 __all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "FMA_BLOCK_M",
            "mma_block_n", "fma_block_n"]
@@ -288,15 +288,25 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 first = 0
                 last = max(tile_hi, sink_tiles - 1)
 
-        # Mask object: skip the tiles it masks entirely (never loaded), from the first on.
+        # Mask object: its skipped tiles are never loaded. Tiles are classified 32 at a time
+        # (lane i: tile base + i) into block-uniform bit sets of visible / full tiles (warp
+        # votes), and the walk jumps from set bit to set bit: no serial chain of class loads.
         r_lo = qtile * BM
         r_hi = min(r_lo + BM, seqlen_q)
         tile = first
+        base = first
+        vbits = np.int64(0)
+        fbits = np.int64(0)
         if KIND != NONE:
-            while tile <= last and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 0:
-                tile += 1
-                if has_sinks and tile >= sink_tiles and tile < tile_lo:
-                    tile = tile_lo
+            vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
+                                         tile_hi, sink_tiles, r_lo, r_hi)
+            while vbits == 0 and base + 32 <= last:
+                base += 32
+                if has_sinks and base >= sink_tiles and base < tile_lo:
+                    base = tile_lo
+                vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
+                                             tile_hi, sink_tiles, r_lo, r_hi)
+            tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
         if tile <= last:
             if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
                 qrow = qtile * BM + q_row
@@ -318,10 +328,15 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
                 nxt = tile_lo
             if KIND != NONE:
-                while nxt <= last and tile_class(KIND, mk_mm, mk_tab, tb, qtile, nxt, r_lo, r_hi) == 0:
-                    nxt += 1
-                    if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
-                        nxt = tile_lo
+                mask_full = ((fbits >> (tile - base)) & 1) != 0
+                vbits &= vbits - 1          # drop this tile; the next set bit is nxt
+                while vbits == 0 and base + 32 <= last:
+                    base += 32
+                    if has_sinks and base >= sink_tiles and base < tile_lo:
+                        base = tile_lo
+                    vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
+                                                 tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
+                nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1
             in_window = tile >= tile_lo and tile <= tile_hi
             k0 = tile * BN
             # Is every (row, key) pair of this tile visible? Then no per-element mask.
@@ -333,7 +348,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             if has_sinks:
                 full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
             if KIND != NONE:
-                full = full and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 2
+                full = full and mask_full
 
             cp_async_wait_all()
             cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
@@ -411,7 +426,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                         s[mt * SF + j * 4 + e] = x
             # Per-element masking in its own pass behind one block-uniform branch, so that
             # tiles without masked pairs run straight-line code.
-            if not full:
+            if not full and KIND != INTERVALS:
                 for j in range(NS):
                     for e in range(4):
                         kpos = k0 + j * 8 + 2 * t + (e & 1)
@@ -426,14 +441,38 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                                 vis = vis or (kpos < sinks and kpos <= qpos)
                             row = qpos - offset
                             if KIND != NONE and vis and kpos < seqlen_k and row < seqlen_q:
-                                if KIND == INTERVALS:
-                                    vis = interval_visible(mk_iv, row, kpos)
-                                elif KIND == BITMASK:
+                                if KIND == BITMASK:
                                     vis = bit_visible(mk_bits, row, kpos)
                                 else:
                                     vis = mod(b, h, qpos, kpos)
                             if kpos >= seqlen_k or not vis:
                                 s[mt * SF + j * 4 + e] = np.float32(NEG_INF)
+            elif not full:
+                # Column intervals: a thread's key column serves its 2 * MT rows, so its 4
+                # bounds are loaded once (unconditionally, clamped to a valid column).
+                for j in range(NS):
+                    for c in range(2):
+                        kpos = k0 + j * 8 + 2 * t + c
+                        col = min(kpos, seqlen_k - 1)
+                        lts = mk_iv[0, col]
+                        lte = mk_iv[1, col]
+                        uts = mk_iv[2, col]
+                        ute = mk_iv[3, col]
+                        for mt in range(MT):
+                            for rr in range(2):
+                                qpos = wrow + mt * 16 + g + 8 * rr + offset
+                                row = qpos - offset
+                                vis = True
+                                if has_left:
+                                    vis = kpos >= qpos - window_left
+                                if has_right:
+                                    vis = vis and kpos <= qpos + window_right
+                                if has_sinks:
+                                    vis = vis or (kpos < sinks and kpos <= qpos)
+                                vis = (vis and kpos < seqlen_k and (row < lts or row >= lte)
+                                       and (row < uts or row >= ute))
+                                if not vis:
+                                    s[mt * SF + j * 4 + c + 2 * rr] = np.float32(NEG_INF)
             for i in range(RUN_N):
                 mx[i] = np.float32(NEG_INF)
             for j in range(NS):
@@ -639,12 +678,37 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         l = npdt(0.0)
         r_lo = qtile * BM
         r_hi = min(r_lo + BM, seqlen_q)
-        for tile in range(first, last + 1):
-            in_window = tile >= tile_lo and tile <= tile_hi
-            if has_sinks and not in_window and tile >= sink_tiles:
-                continue
-            if KIND != NONE and tile_class(KIND, mk_mm, mk_tab, tb, qtile, tile, r_lo, r_hi) == 0:
-                continue
+        lane = tid & 31
+        # Tile walk as in the tensor-core kernel: flag ranges, and for a mask object 32 tiles
+        # classified at once (warp votes; both warps compute the same sets).
+        tile = first
+        if has_sinks and tile >= sink_tiles and tile < tile_lo:
+            tile = tile_lo
+        base = tile
+        vbits = np.int64(0)
+        if KIND != NONE:
+            vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
+                                         tile_hi, sink_tiles, r_lo, r_hi)
+            while vbits == 0 and base + 32 <= last:
+                base += 32
+                if has_sinks and base >= sink_tiles and base < tile_lo:
+                    base = tile_lo
+                vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
+                                             tile_hi, sink_tiles, r_lo, r_hi)
+            tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
+        while tile <= last:
+            nxt = tile + 1
+            if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
+                nxt = tile_lo
+            if KIND != NONE:
+                vbits &= vbits - 1
+                while vbits == 0 and base + 32 <= last:
+                    base += 32
+                    if has_sinks and base >= sink_tiles and base < tile_lo:
+                        base = tile_lo
+                    vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
+                                                 tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
+                nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1
             k0 = tile * BN
             cuda.syncthreads()
             for it in range((ITEMS + FMA_BLOCK_M - 1) // FMA_BLOCK_M):
@@ -724,6 +788,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                 for j in range(BN):
                     a += p[j] * vs[j, d]
                 acc[d] = a
+            tile = nxt
 
         if row < seqlen_q:
             inv = npdt(0.0)

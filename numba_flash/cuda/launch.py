@@ -25,6 +25,7 @@ import os
 import numpy as np
 from numba import cuda
 from numba.cuda import types
+from numba.np.numpy_support import from_dtype as numba_from_dtype
 
 from . import forward, maskdev
 from .maskplan import dummy_arrays, plan_mask
@@ -304,17 +305,19 @@ _UNUSED_MASK_ARGS = (
 _UNUSED_MASK_TYPES = tuple(t for t, _ in _UNUSED_MASK_ARGS) if not SIMULATOR else ()
 
 
-def _launcher(key, kern, elem, fdt, layouts, device_id):
+def _launcher(key, kern, elem, fdt, layouts, device_id, extra_types=None):
     """Compile (or load) the kernel for these array layouts once; (cuda.core kernel, scalar
-    ctypes types) for direct launches."""
-    lkey = (key, layouts, device_id)
+    ctypes types) for direct launches. ``extra_types``: Numba types of the mask / varlen / alibi
+    arguments (None: the unused placeholders of a plain call)."""
+    extra_types = _UNUSED_MASK_TYPES if extra_types is None else tuple(extra_types)
+    lkey = (key, layouts, device_id, extra_types)
     entry = _LAUNCHERS.get(lkey)
     if entry is None:
         arrays = [types.Array(elem, 4, lay) for lay in layouts[:4]]
         arrays.append(types.Array(types.float32, 3, layouts[4]))
         fty = types.float64 if fdt is np.float64 else types.float32
         sig = types.void(*arrays, types.int64, types.int64, types.int64, fty, fty, fty,
-                         types.int64, types.int64, types.int64, *_UNUSED_MASK_TYPES)
+                         types.int64, types.int64, types.int64, *extra_types)
         kobj = kern.compile(sig)
         cfloat = ctypes.c_double if fdt is np.float64 else ctypes.c_float
         entry = _LAUNCHERS[lkey] = (kobj._codelibrary.get_cufunc().kernel, cfloat)
@@ -420,6 +423,26 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
                      heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
                      (left, right, int(sinks)), (has_left, has_right, has_sinks), stream)
+    elif _FAST_LAUNCH and (out.size if kind != "torch" else out.numel()) and batch and seqlen_q:
+        # Mask objects, ALiBi, varlen: the same direct launch, with their arrays appended.
+        launch_stream = _resolve_stream(stream, kind, q)
+        block_m, block_n = tile_shape(dtype_name, head_dim)
+        plan = plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, block_m, block_n,
+                         varlen is not None, launch_stream)
+        dummies = dummy_arrays()
+        has_alibi = alibi_slopes is not None
+        extra = [plan.iv, plan.mm, plan.table, plan.bits]
+        if varlen is not None:
+            extra += [_kernel_array(varlen.cu_q, kind, False), _kernel_array(varlen.cu_k, kind, False)]
+        else:
+            extra += [dummies.cu, dummies.cu]
+        extra.append(_alibi_array(alibi_slopes, kind, batch, heads_q) if has_alibi
+                     else dummies.alibi)
+        _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
+                     heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
+                     (left, right, int(sinks)), (has_left, has_right, has_sinks), stream,
+                     extra=extra, config=(plan.kind, lead, has_alibi, plan.mask_mod),
+                     batch_heads=batch * heads_q, lead=lead)
     elif (out.size if kind != "torch" else out.numel()) and batch and seqlen_q:
         if kind == "numpy" and not return_lse:
             lse_arg = np.empty((1, 1, 1), dtype=np.float32)
@@ -482,13 +505,35 @@ def _alibi_array(slopes, kind: str, batch: int, heads_q: int):
     return cuda.from_cuda_array_interface(desc, owner=slopes, sync=False)
 
 
+def _device_array_arg(x):
+    """(Numba type, flattened parameters) of a device array argument (anything with
+    ``__cuda_array_interface__``: Numba device arrays, CuPy, ...)."""
+    cai = x.__cuda_array_interface__
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides")
+    if strides is None:
+        strides, acc = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+    lay, flat = _flat_array(cai["data"][0], shape, tuple(strides), dtype.itemsize)
+    return types.Array(numba_from_dtype(dtype), len(shape), lay), flat
+
+
 def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, heads_ratio,
-                 softmax_scale, softcap, window, flags, stream):
-    """Direct launch (see the module docstring); arrays = (q, k, v, out)."""
+                 softmax_scale, softcap, window, flags, stream, extra=None, config=None,
+                 batch_heads=None, lead=False):
+    """Direct launch (see the module docstring); arrays = (q, k, v, out). ``extra``: the mask,
+    cu_seqlens and alibi device arrays in kernel order (None: a plain call, placeholders);
+    ``config``: (mask kind, varlen, has_alibi, mask_mod) of the kernel; ``lead``: packed varlen
+    arrays, given a leading batch axis of 1 (then ``batch_heads`` = batch * heads_q)."""
     half = dtype_name in _HALF_NAMES
     params, layouts = [], []
     for x in arrays:
         ptr, shape, strides, itemsize, _ = _interface(x, kind)
+        if lead:
+            shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
         if half:
             shape, strides = _as_words(ptr, shape, strides)
             itemsize = 4
@@ -497,6 +542,8 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
         params.extend(flat)
     if lse is not None:
         ptr, shape, strides, itemsize, _ = _interface(lse, kind)
+        if lead:
+            shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
         lay, flat = _flat_array(ptr, tuple(shape), tuple(strides), itemsize)
     else:  # never read: write_lse is a compile-time False
         lay, flat = "C", [0, 0, 1, 4, 0, 1, 1, 1, 4, 4, 4]
@@ -504,9 +551,17 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
     params.extend(flat)
 
     has_left, has_right, has_sinks = flags
-    key = (dtype_name, arrays[0].shape[3], has_left, has_right, has_sinks, softcap is not None,
-           lse is not None)
+    key = (dtype_name, arrays[0].shape[-1], has_left, has_right, has_sinks, softcap is not None,
+           lse is not None) + (tuple(config) if config is not None else ())
     kern, block_m, threads = kernel_for(*key)
+    extra_types = None
+    extra_params = []
+    if extra is not None:
+        extra_types = []
+        for x in extra:
+            ty, flat = _device_array_arg(x)
+            extra_types.append(ty)
+            extra_params.extend(flat)
     if half:
         elem, fdt = types.uint32, np.float32
     else:
@@ -516,7 +571,7 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
     dev = current if device is None else device
     ctx = cuda.gpus[device] if dev != current else _nullcontext()
     with ctx:
-        core_kernel, cfloat = _launcher(key, kern, elem, fdt, tuple(layouts), dev)
+        core_kernel, cfloat = _launcher(key, kern, elem, fdt, tuple(layouts), dev, extra_types)
     scale = float(softmax_scale)
     cap = float(softcap) if softcap is not None else 1.0
     if half:
@@ -528,9 +583,13 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
     params.extend((c64(seqlen_q), c64(seqlen_k), c64(heads_ratio)))
     params.extend(cfloat(x) for x in scalars)
     params.extend(c64(w) for w in window)
-    for _, flat in _UNUSED_MASK_ARGS:
-        params.extend(flat)
-    batch_heads = arrays[0].shape[0] * arrays[0].shape[2]
+    if extra is None:
+        for _, flat in _UNUSED_MASK_ARGS:
+            params.extend(flat)
+    else:
+        params.extend(extra_params)
+    if batch_heads is None:
+        batch_heads = arrays[0].shape[0] * arrays[0].shape[2]
     grid = ((seqlen_q + block_m - 1) // block_m, batch_heads)
     with ctx:
         _core_launch(_core_stream(_raw_stream_handle(stream, kind, arrays[0])),

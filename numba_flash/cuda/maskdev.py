@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from numba import cuda
 
-from .tiles import FULL, interval_class
+from .tiles import FULL, SKIP, interval_class
+from .warp import ballot
 
-__all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "interval_visible",
-           "bit_visible", "always_visible"]
+__all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes",
+           "interval_visible", "interval_visible2", "bit_visible", "always_visible"]
 
 NONE, INTERVALS, BITMASK, MASK_MOD = 0, 1, 2, 3
 
@@ -35,6 +36,18 @@ def interval_visible(iv, row, col):
 
 
 @cuda.jit(device=True, inline=True)
+def interval_visible2(iv, col, row0, row1):
+    """``interval_visible`` for two query rows of one key column: its 4 bounds loaded once."""
+    lts = iv[0, col]
+    lte = iv[1, col]
+    uts = iv[2, col]
+    ute = iv[3, col]
+    vis0 = (row0 < lts or row0 >= lte) and (row0 < uts or row0 >= ute)
+    vis1 = (row1 < lts or row1 >= lte) and (row1 < uts or row1 >= ute)
+    return vis0, vis1
+
+
+@cuda.jit(device=True, inline=True)
 def bit_visible(bits, row, col):
     """Bit ``col`` of row ``row`` of the packed uint32 bitmask (1 = visible)."""
     return ((bits[row, col >> 5] >> (col & 31)) & 1) != 0
@@ -43,3 +56,20 @@ def bit_visible(bits, row, col):
 def always_visible(b, h, q_idx, kv_idx):
     """Placeholder mask_mod for kernels built without one (never called)."""
     return True
+
+
+@cuda.jit(device=True, inline=True)
+def chunk_classes(kind, mm, tab, tb, qtile, base, lane, tile_lo, tile_hi, sink_tiles, a, b):
+    """Classify key tiles ``base .. base + 31`` at once, lane i taking tile ``base + i``.
+
+    A tile counts when it lies in the flags' range (window tiles ``[tile_lo, tile_hi]`` or sink
+    tiles ``[0, sink_tiles)``) and the mask does not skip it for query rows [a, b). Returns
+    (visible, full): int64 32-bit sets (bit i: tile base + i), equal in every lane of the warp,
+    hence block-uniform when every warp calls it with the same arguments. Must be called by
+    the whole warp.
+    """
+    t = base + lane
+    cls = SKIP
+    if (t >= tile_lo and t <= tile_hi) or t < sink_tiles:
+        cls = tile_class(kind, mm, tab, tb, qtile, t, a, b)
+    return ballot(cls != SKIP), ballot(cls == FULL)

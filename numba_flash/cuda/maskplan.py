@@ -109,9 +109,25 @@ def plan_mask(mask, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, bloc
     element in every tile: sequences have their own lengths).
     """
     d = dummy_arrays()
-    encoding = mask_encoding(mask, seqlen_q, seqlen_k)
-    if encoding == "none":
+    if mask is None:
         return MaskPlan(NONE, d.iv, d.mm, d.table, d.bits, None)
+    # The whole plan is kept per problem: deciding the encoding alone costs a host pass over
+    # the columns (~1.4 ms at N = 8192), far more than the launch.
+    store = _cache(mask)
+    pkey = ("plan", seqlen_q, seqlen_k, block_m, block_n, batch, heads_q, varlen, _device_key())
+    plan = store.get(pkey)
+    if plan is None:
+        plan = store[pkey] = _plan_mask(mask, d, batch, heads_q, seqlen_q, seqlen_k, block_m,
+                                        block_n, varlen, stream)
+    elif plan.kind == INTERVALS:
+        # FlashMask's preprocessing, at every call (a few microseconds): the kernel classifies
+        # each tile from these vectors as it runs.
+        tiles.tile_minmax_into(plan.iv, plan.mm, seqlen_q, block_n, stream)
+    return plan
+
+
+def _plan_mask(mask, d, batch, heads_q, seqlen_q, seqlen_k, block_m, block_n, varlen, stream):
+    encoding = mask_encoding(mask, seqlen_q, seqlen_k)
     if varlen and encoding != "mask_mod":
         raise NotImplementedError(f"mask objects other than masks.mask_mod depend on the "
                                   f"sequence lengths and cannot serve a packed (cu_seqlens) batch; "
@@ -138,9 +154,6 @@ def plan_mask(mask, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, bloc
             mm = tiles.tile_minmax(iv_dev, seqlen_q, block_n, stream)
             entry = store[key] = (iv_dev, mm)
         iv_dev, mm = entry
-        # FlashMask's preprocessing, at every call (a few microseconds): the kernel classifies
-        # each tile from these vectors as it runs.
-        tiles.tile_minmax_into(iv_dev, mm, seqlen_q, block_n, stream)
         return MaskPlan(INTERVALS, iv_dev, mm, d.table, d.bits, None)
     entry = store.get(key)
     if entry is None:

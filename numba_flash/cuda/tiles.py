@@ -43,9 +43,19 @@ def _jit(fn):
 def interval_class(mm, t, a, b):
     """Class of the tile of query rows [a, b) and key tile t, from the (8, n_ktiles) min/max
     vectors ``mm`` (rows in ``MINMAX_FIELDS`` order): FlashMask's rule, as in the reference."""
-    if (mm[1, t] <= a and b <= mm[2, t]) or (mm[5, t] <= a and b <= mm[6, t]):
+    # All 8 loads first (one round trip), then the tests: short-circuit tests would wait for
+    # each load in turn.
+    lts_min = mm[0, t]
+    lts_max = mm[1, t]
+    lte_min = mm[2, t]
+    lte_max = mm[3, t]
+    uts_min = mm[4, t]
+    uts_max = mm[5, t]
+    ute_min = mm[6, t]
+    ute_max = mm[7, t]
+    if (lts_max <= a and b <= lte_min) or (uts_max <= a and b <= ute_min):
         return SKIP
-    if (b <= mm[0, t] or a >= mm[3, t]) and (b <= mm[4, t] or a >= mm[7, t]):
+    if (b <= lts_min or a >= lte_max) and (b <= uts_min or a >= ute_max):
         return FULL
     return PARTIAL
 

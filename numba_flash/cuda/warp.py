@@ -34,7 +34,8 @@ from numba.cuda import config
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 __all__ = ["SIMULATOR", "mma_f16", "mma_bf16", "pack_f16", "pack_bf16", "exp2", "shfl_xor",
-           "mma16", "pack16", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async16", "cp_async_commit", "cp_async_wait_all"]
+           "mma16", "pack16", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async16", "cp_async_commit", "cp_async_wait_all",
+           "ballot", "lowest_bit"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -373,3 +374,34 @@ else:
     def syncwarp():
         """Warp barrier: every simulated lane of the warp arrives before any goes on."""
         _collective(None, lambda slots: _NONE32)
+
+
+# Warp votes for the mask tile walk (maskdev.py): a block-uniform bit set of 32 key tiles.
+if not SIMULATOR:
+    @cuda.jit(device=True, inline=True)
+    def ballot(pred):
+        """int64 with bit i set where lane i's ``pred`` is true (fully active warp)."""
+        # Numba types the vote's result as a signed int32: keep the low 32 bits only (lane 31
+        # set would otherwise sign-extend into bits 32..63).
+        return np.int64(cuda.ballot_sync(0xFFFFFFFF, pred)) & 0xFFFFFFFF
+
+    @cuda.jit(device=True, inline=True)
+    def lowest_bit(x):
+        """Index (0-based) of the lowest set bit of a non-zero 32-bit value ``x`` (int64)."""
+        return np.int64(cuda.ffs(np.uint32(x))) - 1
+else:
+    def _ballot_combine(slots):
+        word = 0
+        for lane, pred in enumerate(slots):
+            if pred:
+                word |= 1 << lane
+        return [np.int64(word)] * 32
+
+    def ballot(pred):
+        """int64 with bit i set where lane i's ``pred`` is true (fully active warp)."""
+        return _collective(bool(pred), _ballot_combine)
+
+    def lowest_bit(x):
+        """Index (0-based) of the lowest set bit of a non-zero 32-bit value ``x`` (int64)."""
+        x = int(x)
+        return np.int64((x & -x).bit_length() - 1)
