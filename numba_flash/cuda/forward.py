@@ -165,7 +165,6 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     Q_TPR = MMA_THREADS // BM
     Q_CPT = CPR // Q_TPR
     QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM else (1, 4)
-    NTHREADS = MMA_THREADS
     # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
     # an intrinsic object pickles differently in every process.
     BF16 = bool(is_bf16)
@@ -235,6 +234,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         mx = cuda.local.array(RUN_N, types.float32)       # per tile: row maxima, then row sums
         mu = cuda.local.array(RUN_N, types.float32)
         alpha = cuda.local.array(RUN_N, types.float32)
+        words = cuda.local.array(RUN_N, types.uint32)     # bitmask words of the rows (partial tiles)
 
         offset = seqlen_k - seqlen_q
         wrow = qtile * BM + warp * WROWS     # first row of this warp
@@ -425,54 +425,44 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                             x -= slope * abs(qpos - kpos)
                         s[mt * SF + j * 4 + e] = x
             # Per-element masking in its own pass behind one block-uniform branch, so that
-            # tiles without masked pairs run straight-line code.
-            if not full and KIND != INTERVALS:
+            # tiles without masked pairs run straight-line code. A key column's mask data (4
+            # interval bounds, or a bitmask word per row and 8 keys) is loaded once for all
+            # the thread's rows.
+            if not full:
                 for j in range(NS):
-                    for e in range(4):
-                        kpos = k0 + j * 8 + 2 * t + (e & 1)
-                        for mt in range(MT):
-                            qpos = wrow + mt * 16 + g + 8 * (e >> 1) + offset
-                            vis = True
+                    if KIND == BITMASK:
+                        wcol = min((k0 + j * 8) >> 5, mk_bits.shape[1] - 1)
+                        for r in range(RUN_N):
+                            row = wrow + (r >> 1) * 16 + g + 8 * (r & 1)
+                            words[r] = mk_bits[min(row, seqlen_q - 1), wcol]
+                    for c in range(2):
+                        kpos = k0 + j * 8 + 2 * t + c
+                        if KIND == INTERVALS:
+                            col = min(kpos, seqlen_k - 1)
+                            lts = mk_iv[0, col]
+                            lte = mk_iv[1, col]
+                            uts = mk_iv[2, col]
+                            ute = mk_iv[3, col]
+                        for r in range(RUN_N):
+                            row = wrow + (r >> 1) * 16 + g + 8 * (r & 1)
+                            qpos = row + offset
+                            vis = kpos < seqlen_k
                             if has_left:
-                                vis = kpos >= qpos - window_left
+                                vis = vis and kpos >= qpos - window_left
                             if has_right:
                                 vis = vis and kpos <= qpos + window_right
                             if has_sinks:
-                                vis = vis or (kpos < sinks and kpos <= qpos)
-                            row = qpos - offset
-                            if KIND != NONE and vis and kpos < seqlen_k and row < seqlen_q:
-                                if KIND == BITMASK:
-                                    vis = bit_visible(mk_bits, row, kpos)
-                                else:
+                                vis = vis or (kpos < sinks and kpos <= qpos and kpos < seqlen_k)
+                            if KIND == INTERVALS:
+                                vis = vis and ((row < lts or row >= lte) and
+                                               (row < uts or row >= ute))
+                            elif KIND == BITMASK:
+                                vis = vis and ((words[r] >> (kpos & 31)) & 1) != 0
+                            elif KIND == MASK_MOD:
+                                if vis and row < seqlen_q:
                                     vis = mod(b, h, qpos, kpos)
-                            if kpos >= seqlen_k or not vis:
-                                s[mt * SF + j * 4 + e] = np.float32(NEG_INF)
-            elif not full:
-                # Column intervals: a thread's key column serves its 2 * MT rows, so its 4
-                # bounds are loaded once (unconditionally, clamped to a valid column).
-                for j in range(NS):
-                    for c in range(2):
-                        kpos = k0 + j * 8 + 2 * t + c
-                        col = min(kpos, seqlen_k - 1)
-                        lts = mk_iv[0, col]
-                        lte = mk_iv[1, col]
-                        uts = mk_iv[2, col]
-                        ute = mk_iv[3, col]
-                        for mt in range(MT):
-                            for rr in range(2):
-                                qpos = wrow + mt * 16 + g + 8 * rr + offset
-                                row = qpos - offset
-                                vis = True
-                                if has_left:
-                                    vis = kpos >= qpos - window_left
-                                if has_right:
-                                    vis = vis and kpos <= qpos + window_right
-                                if has_sinks:
-                                    vis = vis or (kpos < sinks and kpos <= qpos)
-                                vis = (vis and kpos < seqlen_k and (row < lts or row >= lte)
-                                       and (row < uts or row >= ute))
-                                if not vis:
-                                    s[mt * SF + j * 4 + c + 2 * rr] = np.float32(NEG_INF)
+                            if not vis:
+                                s[(r >> 1) * SF + j * 4 + c + 2 * (r & 1)] = np.float32(NEG_INF)
             for i in range(RUN_N):
                 mx[i] = np.float32(NEG_INF)
             for j in range(NS):
