@@ -91,10 +91,13 @@ def mma_swizzled(head_dim: int) -> bool:
 
 
 def fma_block_n(head_dim: int, itemsize: int) -> int:
-    """Keys per K/V tile of the FMA kernel: a power of two from 8 to 32, K and V tiles
-    together within 32 KB (so 8 for float64 at head_dim 256)."""
+    """Keys per K/V tile of the FMA kernel: the largest power of two from 8 to 32 with the K
+    and V tiles within 32 KB and, with the probability tile (block_m x (block_n + 16 bytes)),
+    within 44 KB of static shared memory (so 8 for float64 at head_dim 256)."""
+    bm = fma_block_m(head_dim, itemsize)
     n = 32
-    while n > 8 and 2 * n * head_dim * itemsize > 32768:
+    while n > 8 and (2 * n * head_dim * itemsize > 32768
+                     or (2 * n * head_dim + bm * (n + 16 // itemsize)) * itemsize > 45056):
         n //= 2
     return n
 
@@ -577,10 +580,11 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         if SIMULATOR:
             ks = cuda.shared.array((BN, D), dt)
             vs = cuda.shared.array((BN, D), dt)
-        else:  # cp.async writes 16-byte chunks
+            ps = cuda.shared.array((BM, PW), dt)
+        else:  # cp.async writes and 16-byte loads need 16-byte aligned rows
             ks = cuda.shared.array((BN, D), dt, alignment=16)
             vs = cuda.shared.array((BN, D), dt, alignment=16)
-        ps = cuda.shared.array((BM, PW), dt)
+            ps = cuda.shared.array((BM, PW), dt, alignment=16)
         qr = cuda.local.array(E, dt)
         acc = cuda.local.array(E, dt)
         pa = cuda.local.array(8, dt)
@@ -761,12 +765,23 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                         _cp16(ks, r, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
                 cp_async_commit()
 
-            for j in range(BN):
-                pj = ps[rl, j]
+            for jg in range(BN // 4):      # 4 keys per step (their p: 16 or 32 bytes)
+                j = np.uint32(jg * 4)
+                if CH == 4:
+                    p0, p1, p2, p3 = _lds16(ps, np.uint32(rl), j, 0)
+                else:
+                    p0, p1 = _lds16(ps, np.uint32(rl), j, 0)
+                    p2, p3 = _lds16(ps, np.uint32(rl), j, 16)
                 for c in range(NC):
-                    vv = _lds16(vs, np.uint32(j), col0, c * TPR * 16)
+                    v0 = _lds16(vs, j, col0, c * TPR * 16)
+                    v1 = _lds16(vs, j + np.uint32(1), col0, c * TPR * 16)
+                    v2 = _lds16(vs, j + np.uint32(2), col0, c * TPR * 16)
+                    v3 = _lds16(vs, j + np.uint32(3), col0, c * TPR * 16)
                     for i in range(CH):
-                        acc[c * CH + i] += pj * vv[i]
+                        acc[c * CH + i] += p0 * v0[i]
+                        acc[c * CH + i] += p1 * v1[i]
+                        acc[c * CH + i] += p2 * v2[i]
+                        acc[c * CH + i] += p3 * v3[i]
             tile = nxt
 
         for lv in range(LOG_TPR):
