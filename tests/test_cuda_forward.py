@@ -154,7 +154,13 @@ FULL_CASES = [
         (33, 20, 2, 2, 96, False, (2, 0), 0),
     ]
 ] + [("float32", 1, 17, 40, 2, 1, 256, True, (-1, -1), 0, 3.0),
-     ("float64", 2, 5, 9, 2, 1, 128, False, (-1, -1), 0, None)]
+     ("float64", 2, 5, 9, 2, 1, 128, False, (-1, -1), 0, None),
+     # 8 lanes per row, 8-key tiles: window + sinks over 5 tiles, skipped middle tiles
+     ("float64", 1, 19, 37, 2, 1, 256, False, (9, 2), 3, None),
+     # 2 lanes per row, odd sizes, several query tiles of 64 rows, causal with softcap
+     ("float64", 1, 67, 71, 1, 1, 32, True, (-1, -1), 0, 2.5),
+     # 4 lanes per row, GQA, query tiles past the keys (bottom-right rows with no key)
+     ("float32", 1, 77, 13, 2, 1, 96, True, (-1, -1), 0, None)]
 
 
 @pytest.mark.parametrize("case", HALF_CASES + FULL_CASES, ids=lambda c: "-".join(map(str, c)))
