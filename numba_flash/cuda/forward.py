@@ -35,12 +35,11 @@ from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, ex
                    ldmatrix_x4_trans, mma16, pack16, shfl_xor)
 
 __all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "mma_block_n",
-           "fma_block_n", "fma_lanes_per_row", "fma_threads", "fma_block_m"]
+           "fma_block_n", "fma_lanes_per_row", "fma_rows_per_lane", "fma_threads",
+           "fma_block_m"]
 
 MMA_BLOCK_M = 64
 MMA_THREADS = 128
-FMA_LANE_BYTES = 128   # bytes of q per lane in the FMA kernel (float64 at head_dim 256: 256)
-FMA_MAX_LANES = 8
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -102,15 +101,24 @@ def fma_block_n(head_dim: int, itemsize: int) -> int:
     return n
 
 
+# (lanes per row, rows per lane) of the FMA kernel by (itemsize, head_dim): chosen offline from
+# registers (no spills) and the FMA share of the hot loops (docs/perf-notes.md).
+_FMA_LAYOUT = {
+    4: {32: (2, 2), 64: (4, 2), 96: (4, 2), 128: (8, 2), 256: (8, 1)},
+    8: {32: (4, 2), 64: (8, 2), 96: (8, 2), 128: (8, 2), 256: (8, 1)},
+}
+
+
 def fma_lanes_per_row(head_dim: int, itemsize: int) -> int:
-    """Lanes sharing one query row in the FMA kernel: the fewest (a power of two) that keep
-    each lane's share of q within FMA_LANE_BYTES (so q and the accumulator together take at
-    most 128 registers): float32 1, 1, 2, 2, 4 and float64 1, 2, 4, 4, 8 lanes at head_dim
-    32, 64, 96, 128, 256."""
-    tpr = 1
-    while head_dim * itemsize > tpr * FMA_LANE_BYTES and tpr < FMA_MAX_LANES:
-        tpr *= 2
-    return tpr
+    """Lanes sharing one query row in the FMA kernel (1 to 8): each keeps head_dim / lanes
+    elements of q and of the accumulator per row in registers."""
+    return _FMA_LAYOUT[itemsize][head_dim][0]
+
+
+def fma_rows_per_lane(head_dim: int, itemsize: int) -> int:
+    """Query rows each lane of the FMA kernel works on (1 or 2): every K / V chunk it loads
+    from shared memory feeds that many rows."""
+    return _FMA_LAYOUT[itemsize][head_dim][1]
 
 
 def fma_threads(head_dim: int, itemsize: int) -> int:
@@ -119,8 +127,9 @@ def fma_threads(head_dim: int, itemsize: int) -> int:
 
 
 def fma_block_m(head_dim: int, itemsize: int) -> int:
-    """Query rows per block of the FMA kernel (threads / lanes per row): 128, 64 or 32."""
-    return fma_threads(head_dim, itemsize) // fma_lanes_per_row(head_dim, itemsize)
+    """Query rows per block of the FMA kernel: threads / lanes per row * rows per lane."""
+    return (fma_threads(head_dim, itemsize) // fma_lanes_per_row(head_dim, itemsize)
+            * fma_rows_per_lane(head_dim, itemsize))
 
 
 def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
@@ -518,34 +527,40 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
     or with softcap ``cap_out * tanh(cap_in * q.k)``. Launch with ``fma_threads(D, itemsize)``
     threads per block; a block owns ``fma_block_m(D, itemsize)`` query rows.
 
-    Layout: ``TPR = fma_lanes_per_row(D, itemsize)`` consecutive lanes share a query row; lane
-    ``part`` keeps 16-byte chunks ``part, part + TPR, ...`` of q and of the output accumulator
-    in registers (every index a compile-time constant). A key's dot product is 8 partial sums
-    (``8 / TPR`` per lane, added pairwise, then across the row's lanes by an xor butterfly
+    Layout: ``TPR = fma_lanes_per_row(D, itemsize)`` consecutive lanes (a lane group) share
+    ``RPR = fma_rows_per_lane(D, itemsize)`` query rows (group g: rows g, g + G, ...; G groups
+    per block); lane ``part`` keeps 16-byte chunks ``part, part + TPR, ...`` of q and of the
+    output accumulator of each of its rows in registers (every index a compile-time constant),
+    so each K or V chunk it loads feeds RPR rows. A key's dot product is 8 partial sums
+    (``8 / TPR`` per lane, added pairwise, then across the group's lanes by an xor butterfly
     that also scatters: after a round of TPR keys, lane ``part`` holds key ``part``'s score).
-    Probabilities go through shared memory to every lane of the row for P V. K and V tiles
+    Probabilities go through shared memory to every lane of the group for P V. K and V tiles
     stream through shared memory by cp.async in FlashAttention-2's order (V copied under
     Q K^T, the next K under P V), as in the tensor-core kernel.
     """
     D = head_dim
     ITEM = 8 if is_f64 else 4
     TPR = fma_lanes_per_row(D, ITEM)
+    RPR = fma_rows_per_lane(D, ITEM)
     NT = fma_threads(D, ITEM)
-    BM, BN = NT // TPR, block_n
-    if BN % TPR:
-        raise ValueError(f"block_n must be a multiple of the {TPR} lanes per row, got {BN}")
+    G = NT // TPR                 # lane groups per block
+    BM, BN = G * RPR, block_n
+    if BN % TPR or BN % 4:
+        raise ValueError(f"block_n must be a multiple of 4 and of the {TPR} lanes per row, "
+                         f"got {BN}")
     dt = types.float64 if is_f64 else types.float32
     npdt = np.float64 if is_f64 else np.float32
     CH = 16 // ITEM               # elements per 16-byte chunk
-    E = D // TPR                  # elements of q (and of acc) per lane
+    E = D // TPR                  # elements of q (and of acc) per lane and row
     NC = E // CH                  # chunks per lane
-    NS = BN // TPR                # scores per lane per key tile
+    NS = BN // TPR                # scores per lane, row and key tile
     SPLIT = max(1, 8 // TPR)      # partial sums per key per lane (SPLIT * TPR = 8 in all)
     LOG_TPR = TPR.bit_length() - 1
     CPR = D // CH                 # chunks per K/V row
     COPY_ITERS = (BN * CPR + NT - 1) // NT
     COPY_EXACT = (BN * CPR) % NT == 0
     PW = BN + CH                  # P row stride: rows 16 bytes apart, no bank conflicts
+    QN, PN, VN, CN = RPR * E, RPR * 8, RPR * 4, RPR * SPLIT
     NEG_INF = -math.inf
     KIND = int(mask_kind)
     VARLEN = bool(varlen)
@@ -585,23 +600,29 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
             ks = cuda.shared.array((BN, D), dt, alignment=16)
             vs = cuda.shared.array((BN, D), dt, alignment=16)
             ps = cuda.shared.array((BM, PW), dt, alignment=16)
-        qr = cuda.local.array(E, dt)
-        acc = cuda.local.array(E, dt)
-        pa = cuda.local.array(8, dt)
+        qr = cuda.local.array(QN, dt)      # row r, element e at r * E + e
+        acc = cuda.local.array(QN, dt)
+        pa = cuda.local.array(PN, dt)      # row r, slot s, partial z at r * 8 + s * SPLIT + z
+        cur = cuda.local.array(CN, dt)     # the slot being summed: row r, partial z
+        mrow = cuda.local.array(RPR, dt)        # running max and (per-lane partial) sum per row
+        lrow = cuda.local.array(RPR, dt)
+        pv = cuda.local.array(VN, dt)      # p of 4 keys per row in P V
 
-        rl = tid // TPR               # row within the block
-        part = tid % TPR              # this lane's share of the row
+        gi = tid // TPR               # lane group
+        part = tid % TPR              # this lane's share of each row
         col0 = np.uint32(part * CH)   # its first column; chunk c is c * TPR * CH further
         offset = seqlen_k - seqlen_q
-        row = qtile * BM + rl
-        qpos = row + offset
-        for c in range(NC):
-            for i in range(CH):
-                x = npdt(0.0)
-                if row < seqlen_q:
-                    x = q[ab, q_off + row, h, (c * TPR + part) * CH + i]
-                qr[c * CH + i] = x
-                acc[c * CH + i] = npdt(0.0)
+        for r in range(RPR):
+            row = qtile * BM + gi + r * G
+            for c in range(NC):
+                for i in range(CH):
+                    x = npdt(0.0)
+                    if row < seqlen_q:
+                        x = q[ab, q_off + row, h, (c * TPR + part) * CH + i]
+                    qr[r * E + c * CH + i] = x
+                    acc[r * E + c * CH + i] = npdt(0.0)
+            mrow[r] = npdt(NEG_INF)
+            lrow[r] = npdt(0.0)
 
         q_lo = qtile * BM + offset
         q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
@@ -626,8 +647,6 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                 first = 0
                 last = max(tile_hi, sink_tiles - 1)
 
-        m = npdt(NEG_INF)
-        l = npdt(0.0)
         r_lo = qtile * BM
         r_hi = min(r_lo + BM, seqlen_q)
         tile = first
@@ -640,11 +659,11 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
             for it in range(COPY_ITERS):
                 i = it * NT + tid
                 if COPY_EXACT or i < BN * CPR:
-                    r = i // CPR
-                    cc = (i - r * CPR) * CH
-                    key = tile * BN + r
+                    kr = i // CPR
+                    cc = (i - kr * CPR) * CH
+                    key = tile * BN + kr
                     ok = key < seqlen_k
-                    _cp16(ks, r, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
+                    _cp16(ks, kr, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
             cp_async_commit()
 
         while tile <= last:
@@ -673,84 +692,98 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
             for it in range(COPY_ITERS):
                 i = it * NT + tid
                 if COPY_EXACT or i < BN * CPR:
-                    r = i // CPR
-                    cc = (i - r * CPR) * CH
-                    key = k0 + r
+                    kr = i // CPR
+                    cc = (i - kr * CPR) * CH
+                    key = k0 + kr
                     ok = key < seqlen_k
-                    _cp16(vs, r, cc, v, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
+                    _cp16(vs, kr, cc, v, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
             cp_async_commit()
 
             # S = Q K^T, TPR keys per round. In slot s this lane adds its chunks of key
             # (s ^ part): the butterfly below then needs no selects (at mask hm, slot s + hm of
             # the partner lane holds the key of this lane's slot s).
             for rnd in range(NS):
-                for z in range(8):
-                    pa[z] = npdt(0.0)
                 for s in range(TPR):
                     j = np.uint32(rnd * TPR + (s ^ part))
+                    for z in range(CN):
+                        cur[z] = npdt(0.0)
                     for c in range(NC):
                         kv = _lds16(ks, j, col0, c * TPR * 16)
-                        for i in range(CH):
-                            e = c * CH + i
-                            z = s * SPLIT + e % SPLIT
-                            pa[z] += qr[e] * kv[i]
-                w = SPLIT // 2
-                while w >= 1:   # pairwise within the lane
-                    for s in range(TPR):
-                        for z in range(w):
-                            pa[s * SPLIT + z] += pa[s * SPLIT + z + w]
-                    w //= 2
-                for lv in range(LOG_TPR):   # pairwise across lanes, scattering keys
-                    hm = TPR >> (lv + 1)
-                    for s in range(hm):
-                        pa[s * SPLIT] += shfl_xor(pa[(s + hm) * SPLIT], hm)
-                ps[rl, rnd * TPR + part] = pa[0]    # key k0 + rnd * TPR + part
+                        for r in range(RPR):
+                            for i in range(CH):
+                                e = c * CH + i
+                                cur[r * SPLIT + e % SPLIT] += qr[r * E + e] * kv[i]
+                    # Slots shift down one place and this one enters at the top: after TPR
+                    # steps slot s sits at place s, and no index depends on s (whether or not
+                    # the compiler unrolls this loop, pa stays in registers).
+                    for r in range(RPR):
+                        for t in range(TPR - 1):
+                            for z in range(SPLIT):
+                                pa[r * 8 + t * SPLIT + z] = pa[r * 8 + (t + 1) * SPLIT + z]
+                        for z in range(SPLIT):
+                            pa[r * 8 + (TPR - 1) * SPLIT + z] = cur[r * SPLIT + z]
+                for r in range(RPR):
+                    w = SPLIT // 2
+                    while w >= 1:   # pairwise within the lane
+                        for s in range(TPR):
+                            for z in range(w):
+                                pa[r * 8 + s * SPLIT + z] += pa[r * 8 + s * SPLIT + z + w]
+                        w //= 2
+                    for lv in range(LOG_TPR):   # pairwise across lanes, scattering keys
+                        hm = TPR >> (lv + 1)
+                        for s in range(hm):
+                            pa[r * 8 + s * SPLIT] += shfl_xor(pa[r * 8 + (s + hm) * SPLIT], hm)
+                    ps[gi + r * G, rnd * TPR + part] = pa[r * 8]   # key k0 + rnd * TPR + part
 
-            mx = npdt(NEG_INF)
-            for c in range(NS):
-                dot = ps[rl, c * TPR + part]
-                if has_softcap:
-                    x = cap_out * math.tanh(cap_in * dot)
-                else:
-                    x = scale * dot
-                kpos = k0 + c * TPR + part
-                if ALIBI:
-                    x -= slope * abs(qpos - kpos)
-                if not full:
-                    vis = kpos < seqlen_k
-                    wv = True
-                    if has_left:
-                        wv = kpos >= qpos - window_left
-                    if has_right:
-                        wv = wv and kpos <= qpos + window_right
-                    if has_sinks:
-                        wv = wv or (kpos < sinks and kpos <= qpos)
-                    if KIND != NONE and vis and wv and row < seqlen_q:
-                        if KIND == INTERVALS:
-                            wv = interval_visible(mk_iv, row, kpos)
-                        elif KIND == BITMASK:
-                            wv = bit_visible(mk_bits, row, kpos)
-                        else:
-                            wv = mod(b, h, qpos, kpos)
-                    if not (vis and wv):
-                        x = npdt(NEG_INF)
-                ps[rl, c * TPR + part] = x
-                mx = max(mx, x)
-            for lv in range(LOG_TPR):
-                mx = max(mx, shfl_xor(mx, 1 << lv))
-            mn = max(m, mx)
-            # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp gives 0.
-            mu = mn if mn != NEG_INF else npdt(0.0)
-            alpha = math.exp(m - mu)
-            m = mn
-            rs = npdt(0.0)
-            for c in range(NS):
-                p = math.exp(ps[rl, c * TPR + part] - mu)
-                ps[rl, c * TPR + part] = p
-                rs += p
-            l = l * alpha + rs        # per-lane partial sum; the row's lanes add up at the end
-            for e in range(E):
-                acc[e] *= alpha
+            for r in range(RPR):
+                row = qtile * BM + gi + r * G
+                qpos = row + offset
+                mx = npdt(NEG_INF)
+                for c in range(NS):
+                    dot = ps[gi + r * G, c * TPR + part]
+                    if has_softcap:
+                        x = cap_out * math.tanh(cap_in * dot)
+                    else:
+                        x = scale * dot
+                    kpos = k0 + c * TPR + part
+                    if ALIBI:
+                        x -= slope * abs(qpos - kpos)
+                    if not full:
+                        vis = kpos < seqlen_k
+                        wv = True
+                        if has_left:
+                            wv = kpos >= qpos - window_left
+                        if has_right:
+                            wv = wv and kpos <= qpos + window_right
+                        if has_sinks:
+                            wv = wv or (kpos < sinks and kpos <= qpos)
+                        if KIND != NONE and vis and wv and row < seqlen_q:
+                            if KIND == INTERVALS:
+                                wv = interval_visible(mk_iv, row, kpos)
+                            elif KIND == BITMASK:
+                                wv = bit_visible(mk_bits, row, kpos)
+                            else:
+                                wv = mod(b, h, qpos, kpos)
+                        if not (vis and wv):
+                            x = npdt(NEG_INF)
+                    ps[gi + r * G, c * TPR + part] = x
+                    mx = max(mx, x)
+                for lv in range(LOG_TPR):
+                    mx = max(mx, shfl_xor(mx, 1 << lv))
+                m = mrow[r]
+                mn = max(m, mx)
+                # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp gives 0.
+                mu = mn if mn != NEG_INF else npdt(0.0)
+                alpha = math.exp(m - mu)
+                mrow[r] = mn
+                rs = npdt(0.0)
+                for c in range(NS):
+                    p = math.exp(ps[gi + r * G, c * TPR + part] - mu)
+                    ps[gi + r * G, c * TPR + part] = p
+                    rs += p
+                lrow[r] = lrow[r] * alpha + rs   # per-lane partial; the group adds up at the end
+                for e in range(E):
+                    acc[r * E + e] *= alpha
 
             cp_async_wait_all()
             cuda.syncthreads()  # V tile and P landed; everyone is done with K
@@ -758,43 +791,55 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                 for it in range(COPY_ITERS):
                     i = it * NT + tid
                     if COPY_EXACT or i < BN * CPR:
-                        r = i // CPR
-                        cc = (i - r * CPR) * CH
-                        key = nxt * BN + r
+                        kr = i // CPR
+                        cc = (i - kr * CPR) * CH
+                        key = nxt * BN + kr
                         ok = key < seqlen_k
-                        _cp16(ks, r, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
+                        _cp16(ks, kr, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
                 cp_async_commit()
 
-            for jg in range(BN // 4):      # 4 keys per step (their p: 16 or 32 bytes)
+            for jg in range(BN // 4):      # 4 keys per step (their p: 16 or 32 bytes per row)
                 j = np.uint32(jg * 4)
-                if CH == 4:
-                    p0, p1, p2, p3 = _lds16(ps, np.uint32(rl), j, 0)
-                else:
-                    p0, p1 = _lds16(ps, np.uint32(rl), j, 0)
-                    p2, p3 = _lds16(ps, np.uint32(rl), j, 16)
+                for r in range(RPR):
+                    prow = np.uint32(gi + r * G)
+                    if CH == 4:
+                        p0, p1, p2, p3 = _lds16(ps, prow, j, 0)
+                    else:
+                        p0, p1 = _lds16(ps, prow, j, 0)
+                        p2, p3 = _lds16(ps, prow, j, 16)
+                    pv[r * 4] = p0
+                    pv[r * 4 + 1] = p1
+                    pv[r * 4 + 2] = p2
+                    pv[r * 4 + 3] = p3
                 for c in range(NC):
                     v0 = _lds16(vs, j, col0, c * TPR * 16)
                     v1 = _lds16(vs, j + np.uint32(1), col0, c * TPR * 16)
                     v2 = _lds16(vs, j + np.uint32(2), col0, c * TPR * 16)
                     v3 = _lds16(vs, j + np.uint32(3), col0, c * TPR * 16)
-                    for i in range(CH):
-                        acc[c * CH + i] += p0 * v0[i]
-                        acc[c * CH + i] += p1 * v1[i]
-                        acc[c * CH + i] += p2 * v2[i]
-                        acc[c * CH + i] += p3 * v3[i]
+                    for r in range(RPR):
+                        for i in range(CH):
+                            a = acc[r * E + c * CH + i]
+                            a += pv[r * 4] * v0[i]
+                            a += pv[r * 4 + 1] * v1[i]
+                            a += pv[r * 4 + 2] * v2[i]
+                            a += pv[r * 4 + 3] * v3[i]
+                            acc[r * E + c * CH + i] = a
             tile = nxt
 
-        for lv in range(LOG_TPR):
-            l += shfl_xor(l, 1 << lv)
-        if row < seqlen_q:
-            inv = npdt(0.0)
-            if l > 0:
-                inv = npdt(1.0) / l
-            for c in range(NC):
-                for i in range(CH):
-                    out[ab, q_off + row, h, (c * TPR + part) * CH + i] = acc[c * CH + i] * inv
-            if write_lse and part == 0:
-                lse[ab, h, q_off + row] = m + math.log(l) if l > 0 else NEG_INF
+        for r in range(RPR):
+            l = lrow[r]
+            for lv in range(LOG_TPR):
+                l += shfl_xor(l, 1 << lv)
+            row = qtile * BM + gi + r * G
+            if row < seqlen_q:
+                inv = npdt(0.0)
+                if l > 0:
+                    inv = npdt(1.0) / l
+                for c in range(NC):
+                    for i in range(CH):
+                        out[ab, q_off + row, h, (c * TPR + part) * CH + i] = acc[r * E + c * CH + i] * inv
+                if write_lse and part == 0:
+                    lse[ab, h, q_off + row] = mrow[r] + math.log(l) if l > 0 else NEG_INF
 
     return _jit(kernel, cache=mask_mod is None)
 
