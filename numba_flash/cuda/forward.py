@@ -612,6 +612,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         part = tid % TPR              # this lane's share of each row
         col0 = np.uint32(part * CH)   # its first column; chunk c is c * TPR * CH further
         offset = seqlen_k - seqlen_q
+        # Warp-uniform: does any row of this warp exist? (Its lowest row is its first group's.)
+        active = qtile * BM + (tid // 32) * (32 // TPR) < seqlen_q
         for r in range(RPR):
             row = qtile * BM + gi + r * G
             for c in range(NC):
@@ -699,91 +701,92 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                     _cp16(vs, kr, cc, v, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
             cp_async_commit()
 
-            # S = Q K^T, TPR keys per round. In slot s this lane adds its chunks of key
-            # (s ^ part): the butterfly below then needs no selects (at mask hm, slot s + hm of
-            # the partner lane holds the key of this lane's slot s).
-            for rnd in range(NS):
-                for s in range(TPR):
-                    j = np.uint32(rnd * TPR + (s ^ part))
-                    for z in range(CN):
-                        cur[z] = npdt(0.0)
-                    for c in range(NC):
-                        kv = _lds16(ks, j, col0, c * TPR * 16)
+            if active:  # a warp whose rows all lie past seqlen_q only copies and waits
+                # S = Q K^T, TPR keys per round. In slot s this lane adds its chunks of key
+                # (s ^ part): the butterfly below then needs no selects (at mask hm, slot s + hm of
+                # the partner lane holds the key of this lane's slot s).
+                for rnd in range(NS):
+                    for s in range(TPR):
+                        j = np.uint32(rnd * TPR + (s ^ part))
+                        for z in range(CN):
+                            cur[z] = npdt(0.0)
+                        for c in range(NC):
+                            kv = _lds16(ks, j, col0, c * TPR * 16)
+                            for r in range(RPR):
+                                for i in range(CH):
+                                    e = c * CH + i
+                                    cur[r * SPLIT + e % SPLIT] += qr[r * E + e] * kv[i]
+                        # Slots shift down one place and this one enters at the top: after TPR
+                        # steps slot s sits at place s, and no index depends on s (whether or not
+                        # the compiler unrolls this loop, pa stays in registers).
                         for r in range(RPR):
-                            for i in range(CH):
-                                e = c * CH + i
-                                cur[r * SPLIT + e % SPLIT] += qr[r * E + e] * kv[i]
-                    # Slots shift down one place and this one enters at the top: after TPR
-                    # steps slot s sits at place s, and no index depends on s (whether or not
-                    # the compiler unrolls this loop, pa stays in registers).
-                    for r in range(RPR):
-                        for t in range(TPR - 1):
+                            for t in range(TPR - 1):
+                                for z in range(SPLIT):
+                                    pa[r * 8 + t * SPLIT + z] = pa[r * 8 + (t + 1) * SPLIT + z]
                             for z in range(SPLIT):
-                                pa[r * 8 + t * SPLIT + z] = pa[r * 8 + (t + 1) * SPLIT + z]
-                        for z in range(SPLIT):
-                            pa[r * 8 + (TPR - 1) * SPLIT + z] = cur[r * SPLIT + z]
-                for r in range(RPR):
-                    w = SPLIT // 2
-                    while w >= 1:   # pairwise within the lane
-                        for s in range(TPR):
-                            for z in range(w):
-                                pa[r * 8 + s * SPLIT + z] += pa[r * 8 + s * SPLIT + z + w]
-                        w //= 2
-                    for lv in range(LOG_TPR):   # pairwise across lanes, scattering keys
-                        hm = TPR >> (lv + 1)
-                        for s in range(hm):
-                            pa[r * 8 + s * SPLIT] += shfl_xor(pa[r * 8 + (s + hm) * SPLIT], hm)
-                    ps[gi + r * G, rnd * TPR + part] = pa[r * 8]   # key k0 + rnd * TPR + part
+                                pa[r * 8 + (TPR - 1) * SPLIT + z] = cur[r * SPLIT + z]
+                    for r in range(RPR):
+                        w = SPLIT // 2
+                        while w >= 1:   # pairwise within the lane
+                            for s in range(TPR):
+                                for z in range(w):
+                                    pa[r * 8 + s * SPLIT + z] += pa[r * 8 + s * SPLIT + z + w]
+                            w //= 2
+                        for lv in range(LOG_TPR):   # pairwise across lanes, scattering keys
+                            hm = TPR >> (lv + 1)
+                            for s in range(hm):
+                                pa[r * 8 + s * SPLIT] += shfl_xor(pa[r * 8 + (s + hm) * SPLIT], hm)
+                        ps[gi + r * G, rnd * TPR + part] = pa[r * 8]   # key k0 + rnd * TPR + part
 
-            for r in range(RPR):
-                row = qtile * BM + gi + r * G
-                qpos = row + offset
-                mx = npdt(NEG_INF)
-                for c in range(NS):
-                    dot = ps[gi + r * G, c * TPR + part]
-                    if has_softcap:
-                        x = cap_out * math.tanh(cap_in * dot)
-                    else:
-                        x = scale * dot
-                    kpos = k0 + c * TPR + part
-                    if ALIBI:
-                        x -= slope * abs(qpos - kpos)
-                    if not full:
-                        vis = kpos < seqlen_k
-                        wv = True
-                        if has_left:
-                            wv = kpos >= qpos - window_left
-                        if has_right:
-                            wv = wv and kpos <= qpos + window_right
-                        if has_sinks:
-                            wv = wv or (kpos < sinks and kpos <= qpos)
-                        if KIND != NONE and vis and wv and row < seqlen_q:
-                            if KIND == INTERVALS:
-                                wv = interval_visible(mk_iv, row, kpos)
-                            elif KIND == BITMASK:
-                                wv = bit_visible(mk_bits, row, kpos)
-                            else:
-                                wv = mod(b, h, qpos, kpos)
-                        if not (vis and wv):
-                            x = npdt(NEG_INF)
-                    ps[gi + r * G, c * TPR + part] = x
-                    mx = max(mx, x)
-                for lv in range(LOG_TPR):
-                    mx = max(mx, shfl_xor(mx, 1 << lv))
-                m = mrow[r]
-                mn = max(m, mx)
-                # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp gives 0.
-                mu = mn if mn != NEG_INF else npdt(0.0)
-                alpha = math.exp(m - mu)
-                mrow[r] = mn
-                rs = npdt(0.0)
-                for c in range(NS):
-                    p = math.exp(ps[gi + r * G, c * TPR + part] - mu)
-                    ps[gi + r * G, c * TPR + part] = p
-                    rs += p
-                lrow[r] = lrow[r] * alpha + rs   # per-lane partial; the group adds up at the end
-                for e in range(E):
-                    acc[r * E + e] *= alpha
+                for r in range(RPR):
+                    row = qtile * BM + gi + r * G
+                    qpos = row + offset
+                    mx = npdt(NEG_INF)
+                    for c in range(NS):
+                        dot = ps[gi + r * G, c * TPR + part]
+                        if has_softcap:
+                            x = cap_out * math.tanh(cap_in * dot)
+                        else:
+                            x = scale * dot
+                        kpos = k0 + c * TPR + part
+                        if ALIBI:
+                            x -= slope * abs(qpos - kpos)
+                        if not full:
+                            vis = kpos < seqlen_k
+                            wv = True
+                            if has_left:
+                                wv = kpos >= qpos - window_left
+                            if has_right:
+                                wv = wv and kpos <= qpos + window_right
+                            if has_sinks:
+                                wv = wv or (kpos < sinks and kpos <= qpos)
+                            if KIND != NONE and vis and wv and row < seqlen_q:
+                                if KIND == INTERVALS:
+                                    wv = interval_visible(mk_iv, row, kpos)
+                                elif KIND == BITMASK:
+                                    wv = bit_visible(mk_bits, row, kpos)
+                                else:
+                                    wv = mod(b, h, qpos, kpos)
+                            if not (vis and wv):
+                                x = npdt(NEG_INF)
+                        ps[gi + r * G, c * TPR + part] = x
+                        mx = max(mx, x)
+                    for lv in range(LOG_TPR):
+                        mx = max(mx, shfl_xor(mx, 1 << lv))
+                    m = mrow[r]
+                    mn = max(m, mx)
+                    # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp gives 0.
+                    mu = mn if mn != NEG_INF else npdt(0.0)
+                    alpha = math.exp(m - mu)
+                    mrow[r] = mn
+                    rs = npdt(0.0)
+                    for c in range(NS):
+                        p = math.exp(ps[gi + r * G, c * TPR + part] - mu)
+                        ps[gi + r * G, c * TPR + part] = p
+                        rs += p
+                    lrow[r] = lrow[r] * alpha + rs   # per-lane partial; the group adds up at the end
+                    for e in range(E):
+                        acc[r * E + e] *= alpha
 
             cp_async_wait_all()
             cuda.syncthreads()  # V tile and P landed; everyone is done with K
@@ -798,32 +801,33 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                         _cp16(ks, kr, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
                 cp_async_commit()
 
-            for jg in range(BN // 4):      # 4 keys per step (their p: 16 or 32 bytes per row)
-                j = np.uint32(jg * 4)
-                for r in range(RPR):
-                    prow = np.uint32(gi + r * G)
-                    if CH == 4:
-                        p0, p1, p2, p3 = _lds16(ps, prow, j, 0)
-                    else:
-                        p0, p1 = _lds16(ps, prow, j, 0)
-                        p2, p3 = _lds16(ps, prow, j, 16)
-                    pv[r * 4] = p0
-                    pv[r * 4 + 1] = p1
-                    pv[r * 4 + 2] = p2
-                    pv[r * 4 + 3] = p3
-                for c in range(NC):
-                    v0 = _lds16(vs, j, col0, c * TPR * 16)
-                    v1 = _lds16(vs, j + np.uint32(1), col0, c * TPR * 16)
-                    v2 = _lds16(vs, j + np.uint32(2), col0, c * TPR * 16)
-                    v3 = _lds16(vs, j + np.uint32(3), col0, c * TPR * 16)
+            if active:
+                for jg in range(BN // 4):      # 4 keys per step (their p: 16 or 32 bytes per row)
+                    j = np.uint32(jg * 4)
                     for r in range(RPR):
-                        for i in range(CH):
-                            a = acc[r * E + c * CH + i]
-                            a += pv[r * 4] * v0[i]
-                            a += pv[r * 4 + 1] * v1[i]
-                            a += pv[r * 4 + 2] * v2[i]
-                            a += pv[r * 4 + 3] * v3[i]
-                            acc[r * E + c * CH + i] = a
+                        prow = np.uint32(gi + r * G)
+                        if CH == 4:
+                            p0, p1, p2, p3 = _lds16(ps, prow, j, 0)
+                        else:
+                            p0, p1 = _lds16(ps, prow, j, 0)
+                            p2, p3 = _lds16(ps, prow, j, 16)
+                        pv[r * 4] = p0
+                        pv[r * 4 + 1] = p1
+                        pv[r * 4 + 2] = p2
+                        pv[r * 4 + 3] = p3
+                    for c in range(NC):
+                        v0 = _lds16(vs, j, col0, c * TPR * 16)
+                        v1 = _lds16(vs, j + np.uint32(1), col0, c * TPR * 16)
+                        v2 = _lds16(vs, j + np.uint32(2), col0, c * TPR * 16)
+                        v3 = _lds16(vs, j + np.uint32(3), col0, c * TPR * 16)
+                        for r in range(RPR):
+                            for i in range(CH):
+                                a = acc[r * E + c * CH + i]
+                                a += pv[r * 4] * v0[i]
+                                a += pv[r * 4 + 1] * v1[i]
+                                a += pv[r * 4 + 2] * v2[i]
+                                a += pv[r * 4 + 3] * v3[i]
+                                acc[r * E + c * CH + i] = a
             tile = nxt
 
         for r in range(RPR):
