@@ -8,9 +8,9 @@ Two kernel families, both built by factories whose arguments are compile-time co
   through ldmatrix, transposed for V); scores, running max/sum and the output accumulator stay in
   registers and the score fragment becomes the A operand of P @ V without leaving them.
   Inputs are passed as ``uint32`` views (two 16-bit values per word along head_dim).
-* ``make_fma_kernel``: exact float32 / float64 paths on CUDA cores: 1 to 8 lanes per query row,
-  each holding its share of q and of the output in registers; K/V tiles in shared memory
-  (cp.async), online softmax per tile.
+* ``make_fma_kernel``: exact float32 / float64 paths on CUDA cores: 2 to 8 lanes share 1 or 2
+  query rows, each holding its share of q and of the outputs in registers; K/V tiles in shared
+  memory (cp.async), online softmax per tile.
 
 Shapes (kernel arguments): q (B, Sq, Hq, W), k and v (B, Sk, Hkv, W), out (B, Sq, Hq, W) where
 W = head_dim / 2 words for the mma kernel and W = head_dim elements for the FMA kernel; lse
@@ -109,16 +109,24 @@ _FMA_LAYOUT = {
 }
 
 
+def _fma_layout(head_dim: int, itemsize: int):
+    if itemsize not in _FMA_LAYOUT:
+        raise ValueError(f"itemsize must be 4 (float32) or 8 (float64), got {itemsize}")
+    if head_dim not in _FMA_LAYOUT[itemsize]:
+        raise ValueError(f"head_dim must be one of {tuple(_FMA_LAYOUT[itemsize])}, got {head_dim}")
+    return _FMA_LAYOUT[itemsize][head_dim]
+
+
 def fma_lanes_per_row(head_dim: int, itemsize: int) -> int:
-    """Lanes sharing one query row in the FMA kernel (1 to 8): each keeps head_dim / lanes
+    """Lanes sharing one query row in the FMA kernel (2 to 8): each keeps head_dim / lanes
     elements of q and of the accumulator per row in registers."""
-    return _FMA_LAYOUT[itemsize][head_dim][0]
+    return _fma_layout(head_dim, itemsize)[0]
 
 
 def fma_rows_per_lane(head_dim: int, itemsize: int) -> int:
     """Query rows each lane of the FMA kernel works on (1 or 2): every K / V chunk it loads
     from shared memory feeds that many rows."""
-    return _FMA_LAYOUT[itemsize][head_dim][1]
+    return _fma_layout(head_dim, itemsize)[1]
 
 
 def fma_threads(head_dim: int, itemsize: int) -> int:
