@@ -120,7 +120,15 @@ FULL_CASES = [
         (33, 20, 2, 2, 96, False, (2, 0), 0),
     ]
 ] + [("float32", 1, 17, 40, 2, 1, 256, True, (-1, -1), 0, 3.0),
-     ("float64", 2, 5, 9, 2, 1, 128, False, (-1, -1), 0, None)]
+     ("float64", 2, 5, 9, 2, 1, 128, False, (-1, -1), 0, None),
+     # 8 lanes per row, 8-key tiles: window + sinks over 5 tiles, skipped middle tiles
+     ("float64", 1, 19, 37, 2, 1, 256, False, (9, 2), 3, None),
+     # 2 lanes per row, odd sizes, several query tiles of 64 rows, causal with softcap
+     ("float64", 1, 67, 71, 1, 1, 32, True, (-1, -1), 0, 2.5),
+     # 4 lanes per row, GQA, query tiles past the keys (bottom-right rows with no key)
+     ("float32", 1, 77, 13, 2, 1, 96, True, (-1, -1), 0, None),
+     # 8 lanes x 2 rows: rows 32-44 are every lane group's second row
+     ("float64", 1, 45, 50, 1, 1, 128, True, (-1, -1), 0, None)]
 
 
 @pytest.mark.parametrize("case", HALF_CASES + FULL_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -142,6 +150,27 @@ def test_bitwise_identical_across_runs():
     a = _to_host(launch.attention_cuda(q, k, v, softmax_scale=0.2, causal=True))
     b = _to_host(launch.attention_cuda(q, k, v, softmax_scale=0.2, causal=True))
     assert np.array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+@pytest.mark.parametrize("itemsize", [4, 8])
+def test_fma_geometry_fits(itemsize):
+    """The FMA kernel's layout: key tiles split into whole rounds of lanes and 4-key P V steps,
+    rows per block = groups x rows per lane, shared memory within the 48 KB static limit."""
+    from numba_flash.cuda import forward
+
+    for d in launch.SUPPORTED_HEAD_DIMS:
+        tpr, rpr = forward.fma_lanes_per_row(d, itemsize), forward.fma_rows_per_lane(d, itemsize)
+        threads, bm = forward.fma_threads(d, itemsize), forward.fma_block_m(d, itemsize)
+        bn = forward.fma_block_n(d, itemsize)
+        assert 32 % tpr == 0 and d % (tpr * 16 // itemsize) == 0
+        assert bm == threads // tpr * rpr and bn % tpr == 0 and bn % 4 == 0
+        smem = (2 * bn * d + bm * (bn + 16 // itemsize)) * itemsize
+        assert smem <= 45056, (d, smem)
+    dtype = "float64" if itemsize == 8 else "float32"
+    assert launch.tile_shape(dtype, 128) == (forward.fma_block_m(128, itemsize),
+                                             forward.fma_block_n(128, itemsize))
+    with pytest.raises(ValueError, match="head_dim must be one of .* got 48"):
+        forward.fma_block_m(48, itemsize)
 
 
 def test_second_call_compiles_nothing():

@@ -8,8 +8,9 @@ Two kernel families, both built by factories whose arguments are compile-time co
   through ldmatrix, transposed for V); scores, running max/sum and the output accumulator stay in
   registers and the score fragment becomes the A operand of P @ V without leaving them.
   Inputs are passed as ``uint32`` views (two 16-bit values per word along head_dim).
-* ``make_fma_kernel``: exact float32 / float64 paths on CUDA cores, one thread per query row,
-  K/V tiles in shared memory, online softmax per tile.
+* ``make_fma_kernel``: exact float32 / float64 paths on CUDA cores: 2 to 8 lanes share 1 or 2
+  query rows, each holding its share of q and of the outputs in registers; K/V tiles in shared
+  memory (cp.async), online softmax per tile.
 
 Shapes (kernel arguments): q (B, Sq, Hq, W), k and v (B, Sk, Hkv, W), out (B, Sq, Hq, W) where
 W = head_dim / 2 words for the mma kernel and W = head_dim elements for the FMA kernel; lse
@@ -33,12 +34,12 @@ from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_vi
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
                    ldmatrix_x4_trans, lowest_bit, mma16, pack16, shfl_xor)
 
-__all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "FMA_BLOCK_M",
-           "mma_block_n", "fma_block_n"]
+__all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "mma_block_n",
+           "fma_block_n", "fma_lanes_per_row", "fma_rows_per_lane", "fma_threads",
+           "fma_block_m"]
 
 MMA_BLOCK_M = 64
 MMA_THREADS = 128
-FMA_BLOCK_M = 64
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -113,8 +114,54 @@ def mma_swizzled(head_dim: int) -> bool:
 
 
 def fma_block_n(head_dim: int, itemsize: int) -> int:
-    """Keys per K/V tile of the FMA kernel: K and V tiles together stay within 32 KB."""
-    return max(4, min(32, 16384 // (head_dim * itemsize)))
+    """Keys per K/V tile of the FMA kernel: the largest power of two from 8 to 32 with the K
+    and V tiles within 32 KB and, with the probability tile (block_m x (block_n + 16 bytes)),
+    within 44 KB of static shared memory (so 8 for float64 at head_dim 256)."""
+    bm = fma_block_m(head_dim, itemsize)
+    n = 32
+    while n > 8 and (2 * n * head_dim * itemsize > 32768
+                     or (2 * n * head_dim + bm * (n + 16 // itemsize)) * itemsize > 45056):
+        n //= 2
+    return n
+
+
+# (lanes per row, rows per lane) of the FMA kernel by (itemsize, head_dim): chosen offline from
+# registers (no spills) and the FMA share of the hot loops (docs/perf-notes.md).
+_FMA_LAYOUT = {
+    4: {32: (2, 2), 64: (4, 2), 96: (4, 2), 128: (8, 2), 256: (8, 1)},
+    8: {32: (4, 2), 64: (8, 2), 96: (8, 2), 128: (8, 2), 256: (8, 1)},
+}
+
+
+def _fma_layout(head_dim: int, itemsize: int):
+    if itemsize not in _FMA_LAYOUT:
+        raise ValueError(f"itemsize must be 4 (float32) or 8 (float64), got {itemsize}")
+    if head_dim not in _FMA_LAYOUT[itemsize]:
+        raise ValueError(f"head_dim must be one of {tuple(_FMA_LAYOUT[itemsize])}, got {head_dim}")
+    return _FMA_LAYOUT[itemsize][head_dim]
+
+
+def fma_lanes_per_row(head_dim: int, itemsize: int) -> int:
+    """Lanes sharing one query row in the FMA kernel (2 to 8): each keeps head_dim / lanes
+    elements of q and of the accumulator per row in registers."""
+    return _fma_layout(head_dim, itemsize)[0]
+
+
+def fma_rows_per_lane(head_dim: int, itemsize: int) -> int:
+    """Query rows each lane of the FMA kernel works on (1 or 2): every K / V chunk it loads
+    from shared memory feeds that many rows."""
+    return _fma_layout(head_dim, itemsize)[1]
+
+
+def fma_threads(head_dim: int, itemsize: int) -> int:
+    """Threads per block of the FMA kernel: 128 with 1 or 2 lanes per row, else 256."""
+    return 128 if fma_lanes_per_row(head_dim, itemsize) <= 2 else 256
+
+
+def fma_block_m(head_dim: int, itemsize: int) -> int:
+    """Query rows per block of the FMA kernel: threads / lanes per row * rows per lane."""
+    return (fma_threads(head_dim, itemsize) // fma_lanes_per_row(head_dim, itemsize)
+            * fma_rows_per_lane(head_dim, itemsize))
 
 
 def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
@@ -585,15 +632,44 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
     Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in,
     cap_out, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k,
     alibi)`` (mask, varlen and alibi arguments as in ``make_mma_kernel``); q/k/v/out in the
-    working dtype (B, S, H, D),
-    lse float32 (B, Hq, Sq). Scores are natural-log: ``scale * q.k``, or with softcap
-    ``cap_out * tanh(cap_in * q.k)``. One thread per query row, 64 rows per block.
+    working dtype (B, S, H, D), lse float32 (B, Hq, Sq). Scores are natural-log: ``scale * q.k``,
+    or with softcap ``cap_out * tanh(cap_in * q.k)``. Launch with ``fma_threads(D, itemsize)``
+    threads per block; a block owns ``fma_block_m(D, itemsize)`` query rows.
+
+    Layout: ``TPR = fma_lanes_per_row(D, itemsize)`` consecutive lanes (a lane group) share
+    ``RPR = fma_rows_per_lane(D, itemsize)`` query rows (group g: rows g, g + G, ...; G groups
+    per block); lane ``part`` keeps 16-byte chunks ``part, part + TPR, ...`` of q and of the
+    output accumulator of each of its rows in registers (every index a compile-time constant),
+    so each K or V chunk it loads feeds RPR rows. A key's dot product is 8 partial sums
+    (``8 / TPR`` per lane, added pairwise, then across the group's lanes by an xor butterfly
+    that also scatters: after a round of TPR keys, lane ``part`` holds key ``part``'s score).
+    Probabilities go through shared memory to every lane of the group for P V. K and V tiles
+    stream through shared memory by cp.async in FlashAttention-2's order (V copied under
+    Q K^T, the next K under P V), as in the tensor-core kernel.
     """
     D = head_dim
-    BM, BN = FMA_BLOCK_M, block_n
+    ITEM = 8 if is_f64 else 4
+    TPR = fma_lanes_per_row(D, ITEM)
+    RPR = fma_rows_per_lane(D, ITEM)
+    NT = fma_threads(D, ITEM)
+    G = NT // TPR                 # lane groups per block
+    BM, BN = G * RPR, block_n
+    if BN % TPR or BN % 4:
+        raise ValueError(f"block_n must be a multiple of 4 and of the {TPR} lanes per row, "
+                         f"got {BN}")
     dt = types.float64 if is_f64 else types.float32
     npdt = np.float64 if is_f64 else np.float32
-    ITEMS = BN * D
+    CH = 16 // ITEM               # elements per 16-byte chunk
+    E = D // TPR                  # elements of q (and of acc) per lane and row
+    NC = E // CH                  # chunks per lane
+    NS = BN // TPR                # scores per lane, row and key tile
+    SPLIT = max(1, 8 // TPR)      # partial sums per key per lane (SPLIT * TPR = 8 in all)
+    LOG_TPR = TPR.bit_length() - 1
+    CPR = D // CH                 # chunks per K/V row
+    COPY_ITERS = (BN * CPR + NT - 1) // NT
+    COPY_EXACT = (BN * CPR) % NT == 0
+    PW = BN + CH                  # P row stride: rows 16 bytes apart, no bank conflicts
+    QN, PN, VN, CN = RPR * E, RPR * 8, RPR * 4, RPR * SPLIT
     NEG_INF = -math.inf
     KIND = int(mask_kind)
     VARLEN = bool(varlen)
@@ -625,21 +701,39 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         if ALIBI:
             slope = npdt(alibi[b, h])
 
-        ks = cuda.shared.array((BN, D), dt)
-        vs = cuda.shared.array((BN, D), dt)
-        qr = cuda.local.array(D, dt)
-        acc = cuda.local.array(D, dt)
-        p = cuda.local.array(BN, dt)
+        if SIMULATOR:
+            ks = cuda.shared.array((BN, D), dt)
+            vs = cuda.shared.array((BN, D), dt)
+            ps = cuda.shared.array((BM, PW), dt)
+        else:  # cp.async writes and 16-byte loads need 16-byte aligned rows
+            ks = cuda.shared.array((BN, D), dt, alignment=16)
+            vs = cuda.shared.array((BN, D), dt, alignment=16)
+            ps = cuda.shared.array((BM, PW), dt, alignment=16)
+        qr = cuda.local.array(QN, dt)      # row r, element e at r * E + e
+        acc = cuda.local.array(QN, dt)
+        pa = cuda.local.array(PN, dt)      # row r, slot s, partial z at r * 8 + s * SPLIT + z
+        cur = cuda.local.array(CN, dt)     # the slot being summed: row r, partial z
+        mrow = cuda.local.array(RPR, dt)        # running max and (per-lane partial) sum per row
+        lrow = cuda.local.array(RPR, dt)
+        pv = cuda.local.array(VN, dt)      # p of 4 keys per row in P V
 
+        gi = tid // TPR               # lane group
+        part = tid % TPR              # this lane's share of each row
+        col0 = np.uint32(part * CH)   # its first column; chunk c is c * TPR * CH further
         offset = seqlen_k - seqlen_q
-        row = qtile * BM + tid
-        qpos = row + offset
-        for d in range(D):
-            x = npdt(0.0)
-            if row < seqlen_q:
-                x = q[ab, q_off + row, h, d]
-            qr[d] = x
-            acc[d] = npdt(0.0)
+        # Warp-uniform: does any row of this warp exist? (Its lowest row is its first group's.)
+        active = qtile * BM + (tid // 32) * (32 // TPR) < seqlen_q
+        for r in range(RPR):
+            row = qtile * BM + gi + r * G
+            for c in range(NC):
+                for i in range(CH):
+                    x = npdt(0.0)
+                    if row < seqlen_q:
+                        x = q[ab, q_off + row, h, (c * TPR + part) * CH + i]
+                    qr[r * E + c * CH + i] = x
+                    acc[r * E + c * CH + i] = npdt(0.0)
+            mrow[r] = npdt(NEG_INF)
+            lrow[r] = npdt(0.0)
 
         q_lo = qtile * BM + offset
         q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
@@ -661,11 +755,9 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
             sink_end = min(min(sinks, seqlen_k), q_hi + 1)
             if sink_end > 0:
                 sink_tiles = (sink_end + BN - 1) // BN
-            first = 0
-            last = max(tile_hi, sink_tiles - 1)
+                first = 0
+                last = max(tile_hi, sink_tiles - 1)
 
-        m = npdt(NEG_INF)
-        l = npdt(0.0)
         r_lo = qtile * BM
         r_hi = min(r_lo + BM, seqlen_q)
         lane = tid & 31
@@ -676,6 +768,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
             tile = tile_lo
         base = tile
         vbits = np.int64(0)
+        fbits = np.int64(0)
         if KIND != NONE:
             vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
                                          tile_hi, sink_tiles, r_lo, r_hi)
@@ -686,11 +779,23 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                 vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
                                              tile_hi, sink_tiles, r_lo, r_hi)
             tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
+        if tile <= last:
+            for it in range(COPY_ITERS):
+                i = it * NT + tid
+                if COPY_EXACT or i < BN * CPR:
+                    kr = i // CPR
+                    cc = (i - kr * CPR) * CH
+                    key = tile * BN + kr
+                    ok = key < seqlen_k
+                    _cp16(ks, kr, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
+            cp_async_commit()
+
         while tile <= last:
             nxt = tile + 1
             if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
                 nxt = tile_lo
             if KIND != NONE:
+                mask_full = ((fbits >> (tile - base)) & 1) != 0
                 vbits &= vbits - 1
                 while vbits == 0 and base + 32 <= last:
                     base += 32
@@ -699,94 +804,227 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                     vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
                                                  tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
                 nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1
+            in_window = tile >= tile_lo and tile <= tile_hi
             k0 = tile * BN
-            cuda.syncthreads()
-            for it in range((ITEMS + FMA_BLOCK_M - 1) // FMA_BLOCK_M):
-                i = it * FMA_BLOCK_M + tid
-                if i < ITEMS:
-                    r = i // D
-                    c = i - r * D
-                    key = k0 + r
-                    x = npdt(0.0)
-                    y = npdt(0.0)
-                    if key < seqlen_k:
-                        x = k[ab, k_off + key, hk, c]
-                        y = v[ab, k_off + key, hk, c]
-                    ks[r, c] = x
-                    vs[r, c] = y
-            cuda.syncthreads()
+            full = k0 + BN <= seqlen_k and in_window
+            if has_left:
+                full = full and k0 >= q_hi - window_left
+            if has_right:
+                full = full and k0 + BN - 1 <= q_lo + window_right
+            if has_sinks:
+                full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
+            if KIND != NONE:
+                full = full and mask_full
 
-            mx = npdt(NEG_INF)
-            for j in range(BN):
-                # 8 interleaved partial sums: shorter rounding chains and independent FMAs.
-                d0 = npdt(0.0)
-                d1 = npdt(0.0)
-                d2 = npdt(0.0)
-                d3 = npdt(0.0)
-                d4 = npdt(0.0)
-                d5 = npdt(0.0)
-                d6 = npdt(0.0)
-                d7 = npdt(0.0)
-                for d in range(0, D, 8):
-                    d0 += qr[d] * ks[j, d]
-                    d1 += qr[d + 1] * ks[j, d + 1]
-                    d2 += qr[d + 2] * ks[j, d + 2]
-                    d3 += qr[d + 3] * ks[j, d + 3]
-                    d4 += qr[d + 4] * ks[j, d + 4]
-                    d5 += qr[d + 5] * ks[j, d + 5]
-                    d6 += qr[d + 6] * ks[j, d + 6]
-                    d7 += qr[d + 7] * ks[j, d + 7]
-                dot = ((d0 + d1) + (d2 + d3)) + ((d4 + d5) + (d6 + d7))
-                if has_softcap:
-                    x = cap_out * math.tanh(cap_in * dot)
-                else:
-                    x = scale * dot
-                kpos = k0 + j
-                vis = kpos < seqlen_k
-                wv = True
-                if has_left:
-                    wv = kpos >= qpos - window_left
-                if has_right:
-                    wv = wv and kpos <= qpos + window_right
-                if has_sinks:
-                    wv = wv or (kpos < sinks and kpos <= qpos)
-                if ALIBI:
-                    x -= slope * abs(qpos - kpos)
-                if KIND != NONE and vis and wv and row < seqlen_q:
-                    if KIND == INTERVALS:
-                        wv = interval_visible(mk_iv, row, kpos)
-                    elif KIND == BITMASK:
-                        wv = bit_visible(mk_bits, row, kpos)
-                    else:
-                        wv = mod(b, h, qpos, kpos)
-                if not (vis and wv):
-                    x = npdt(NEG_INF)
-                p[j] = x
-                mx = max(mx, x)
-            mn = max(m, mx)
-            mu = mn if mn != NEG_INF else npdt(0.0)
-            alpha = math.exp(m - mu)
-            m = mn
-            rs = npdt(0.0)
-            for j in range(BN):
-                e = math.exp(p[j] - mu)
-                p[j] = e
-                rs += e
-            l = l * alpha + rs
-            for d in range(D):
-                a = acc[d] * alpha
-                for j in range(BN):
-                    a += p[j] * vs[j, d]
-                acc[d] = a
+            cp_async_wait_all()
+            cuda.syncthreads()  # K tile landed for every thread; everyone is done with V and P
+            for it in range(COPY_ITERS):
+                i = it * NT + tid
+                if COPY_EXACT or i < BN * CPR:
+                    kr = i // CPR
+                    cc = (i - kr * CPR) * CH
+                    key = k0 + kr
+                    ok = key < seqlen_k
+                    _cp16(vs, kr, cc, v, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
+            cp_async_commit()
+
+            if active:  # a warp whose rows all lie past seqlen_q only copies and waits
+                # S = Q K^T, TPR keys per round. In slot s this lane adds its chunks of key
+                # (s ^ part): the butterfly below then needs no selects (at mask hm, slot s + hm of
+                # the partner lane holds the key of this lane's slot s).
+                for rnd in range(NS):
+                    for s in range(TPR):
+                        j = np.uint32(rnd * TPR + (s ^ part))
+                        for z in range(CN):
+                            cur[z] = npdt(0.0)
+                        for c in range(NC):
+                            kv = _lds16(ks, j, col0, c * TPR * 16)
+                            for r in range(RPR):
+                                for i in range(CH):
+                                    e = c * CH + i
+                                    cur[r * SPLIT + e % SPLIT] += qr[r * E + e] * kv[i]
+                        # Slots shift down one place and this one enters at the top: after TPR
+                        # steps slot s sits at place s, and no index depends on s (whether or not
+                        # the compiler unrolls this loop, pa stays in registers).
+                        for r in range(RPR):
+                            for t in range(TPR - 1):
+                                for z in range(SPLIT):
+                                    pa[r * 8 + t * SPLIT + z] = pa[r * 8 + (t + 1) * SPLIT + z]
+                            for z in range(SPLIT):
+                                pa[r * 8 + (TPR - 1) * SPLIT + z] = cur[r * SPLIT + z]
+                    for r in range(RPR):
+                        w = SPLIT // 2
+                        while w >= 1:   # pairwise within the lane
+                            for s in range(TPR):
+                                for z in range(w):
+                                    pa[r * 8 + s * SPLIT + z] += pa[r * 8 + s * SPLIT + z + w]
+                            w //= 2
+                        for lv in range(LOG_TPR):   # pairwise across lanes, scattering keys
+                            hm = TPR >> (lv + 1)
+                            for s in range(hm):
+                                pa[r * 8 + s * SPLIT] += shfl_xor(pa[r * 8 + (s + hm) * SPLIT], hm)
+                        ps[gi + r * G, rnd * TPR + part] = pa[r * 8]   # key k0 + rnd * TPR + part
+
+                for r in range(RPR):
+                    row = qtile * BM + gi + r * G
+                    qpos = row + offset
+                    mx = npdt(NEG_INF)
+                    for c in range(NS):
+                        dot = ps[gi + r * G, c * TPR + part]
+                        if has_softcap:
+                            x = cap_out * math.tanh(cap_in * dot)
+                        else:
+                            x = scale * dot
+                        kpos = k0 + c * TPR + part
+                        if ALIBI:
+                            x -= slope * abs(qpos - kpos)
+                        if not full:
+                            vis = kpos < seqlen_k
+                            wv = True
+                            if has_left:
+                                wv = kpos >= qpos - window_left
+                            if has_right:
+                                wv = wv and kpos <= qpos + window_right
+                            if has_sinks:
+                                wv = wv or (kpos < sinks and kpos <= qpos)
+                            if KIND != NONE and vis and wv and row < seqlen_q:
+                                if KIND == INTERVALS:
+                                    wv = interval_visible(mk_iv, row, kpos)
+                                elif KIND == BITMASK:
+                                    wv = bit_visible(mk_bits, row, kpos)
+                                else:
+                                    wv = mod(b, h, qpos, kpos)
+                            if not (vis and wv):
+                                x = npdt(NEG_INF)
+                        ps[gi + r * G, c * TPR + part] = x
+                        mx = max(mx, x)
+                    for lv in range(LOG_TPR):
+                        mx = max(mx, shfl_xor(mx, 1 << lv))
+                    m = mrow[r]
+                    mn = max(m, mx)
+                    # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp gives 0.
+                    mu = mn if mn != NEG_INF else npdt(0.0)
+                    alpha = math.exp(m - mu)
+                    mrow[r] = mn
+                    rs = npdt(0.0)
+                    for c in range(NS):
+                        p = math.exp(ps[gi + r * G, c * TPR + part] - mu)
+                        ps[gi + r * G, c * TPR + part] = p
+                        rs += p
+                    lrow[r] = lrow[r] * alpha + rs   # per-lane partial; the group adds up at the end
+                    for e in range(E):
+                        acc[r * E + e] *= alpha
+
+            cp_async_wait_all()
+            cuda.syncthreads()  # V tile and P landed; everyone is done with K
+            if nxt <= last:
+                for it in range(COPY_ITERS):
+                    i = it * NT + tid
+                    if COPY_EXACT or i < BN * CPR:
+                        kr = i // CPR
+                        cc = (i - kr * CPR) * CH
+                        key = nxt * BN + kr
+                        ok = key < seqlen_k
+                        _cp16(ks, kr, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
+                cp_async_commit()
+
+            if active:
+                for jg in range(BN // 4):      # 4 keys per step (their p: 16 or 32 bytes per row)
+                    j = np.uint32(jg * 4)
+                    for r in range(RPR):
+                        prow = np.uint32(gi + r * G)
+                        if CH == 4:
+                            p0, p1, p2, p3 = _lds16(ps, prow, j, 0)
+                        else:
+                            p0, p1 = _lds16(ps, prow, j, 0)
+                            p2, p3 = _lds16(ps, prow, j, 16)
+                        pv[r * 4] = p0
+                        pv[r * 4 + 1] = p1
+                        pv[r * 4 + 2] = p2
+                        pv[r * 4 + 3] = p3
+                    for c in range(NC):
+                        v0 = _lds16(vs, j, col0, c * TPR * 16)
+                        v1 = _lds16(vs, j + np.uint32(1), col0, c * TPR * 16)
+                        v2 = _lds16(vs, j + np.uint32(2), col0, c * TPR * 16)
+                        v3 = _lds16(vs, j + np.uint32(3), col0, c * TPR * 16)
+                        for r in range(RPR):
+                            for i in range(CH):
+                                a = acc[r * E + c * CH + i]
+                                a += pv[r * 4] * v0[i]
+                                a += pv[r * 4 + 1] * v1[i]
+                                a += pv[r * 4 + 2] * v2[i]
+                                a += pv[r * 4 + 3] * v3[i]
+                                acc[r * E + c * CH + i] = a
             tile = nxt
 
-        if row < seqlen_q:
-            inv = npdt(0.0)
-            if l > 0:
-                inv = npdt(1.0) / l
-            for d in range(D):
-                out[ab, q_off + row, h, d] = acc[d] * inv
-            if write_lse:
-                lse[ab, h, q_off + row] = m + math.log(l) if l > 0 else NEG_INF
+        for r in range(RPR):
+            l = lrow[r]
+            for lv in range(LOG_TPR):
+                l += shfl_xor(l, 1 << lv)
+            row = qtile * BM + gi + r * G
+            if row < seqlen_q:
+                inv = npdt(0.0)
+                if l > 0:
+                    inv = npdt(1.0) / l
+                for c in range(NC):
+                    for i in range(CH):
+                        out[ab, q_off + row, h, (c * TPR + part) * CH + i] = acc[r * E + c * CH + i] * inv
+                if write_lse and part == 0:
+                    lse[ab, h, q_off + row] = mrow[r] + math.log(l) if l > 0 else NEG_INF
 
     return _jit(kernel, cache=mask_mod is None)
+
+
+if SIMULATOR:
+    def _cp16(dst, di, dj, src, s0, s1, s2, s3, src_bytes):
+        """Simulator stand-in for ``cp_async16`` on any dtype: the 16 bytes (4 float32 or 2
+        float64) ``src[s0, s1, s2, s3:]`` to ``dst[di, dj:]`` (zeros if src_bytes is 0)."""
+        for e in range(16 // dst.dtype.itemsize):
+            dst[di, dj + e] = src[s0, s1, s2, s3 + e] if src_bytes else 0
+
+    def _lds16(ary, i, j, skip):
+        """The 16 bytes at ``&ary[i, j]`` plus ``skip`` bytes of a shared float32 / float64
+        array, as a tuple."""
+        item = ary.dtype.itemsize
+        return tuple(ary[i, j + skip // item + e] for e in range(16 // item))
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    from .warp import _item_pointer_i64
+
+    _cp16 = cp_async16
+
+    @intrinsic
+    def _lds16(typingctx, ary, i, j, skip):
+        """One 16-byte shared-memory load (``ld.shared.v4.f32`` / ``.v2.f64``) at ``&ary[i, j]``
+        plus ``skip`` bytes (16-byte aligned; a constant ``skip`` becomes the instruction's
+        immediate offset): LLVM does not vectorise these loads on its own. Side-effecting, so
+        it is never moved across a barrier or merged with a load of an earlier tile."""
+        f64 = ary.dtype == types.float64
+        n = 2 if f64 else 4
+        sig = types.UniTuple(ary.dtype, n)(ary, i, j, skip)
+
+        def codegen(context, builder, sig, args):
+            # 32-bit shared address: the array's base converted once (a pure asm that LLVM
+            # hoists and shares), plus the element's byte offset in 32-bit arithmetic.
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            aryty = sig.args[0]
+            data = builder.ptrtoint(context.make_array(aryty)(context, builder, args[0]).data, i64)
+            elem = _item_pointer_i64(context, builder, aryty, args[0], sig.args[1:3], args[1:3])
+            off = builder.trunc(builder.sub(elem, data), i32)
+            base = builder.call(ir.InlineAsm(ir.FunctionType(i32, [i64]),
+                                             "{ .reg .u64 t; cvta.to.shared.u64 t, $1; "
+                                             "cvt.u32.u64 $0, t; }", "=r,l"), [data])
+            extra = context.cast(builder, args[3], sig.args[3], types.int32)
+            addr = builder.add(builder.add(base, off), extra)
+            ft = ir.DoubleType() if f64 else ir.FloatType()
+            fnty = ir.FunctionType(ir.LiteralStructType([ft] * n), [i32])
+            outs = ",".join(f"${e}" for e in range(n))
+            op = f"ld.shared.v{n}.{'f64' if f64 else 'f32'} {{{outs}}}, [${n}];"
+            cons = ",".join(["=d" if f64 else "=f"] * n) + ",r,~{memory}"
+            res = builder.call(ir.InlineAsm(fnty, op, cons, side_effect=True), [addr])
+            vals = [builder.extract_value(res, e) for e in range(n)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen

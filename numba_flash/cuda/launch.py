@@ -235,7 +235,7 @@ def tile_shape(dtype_name: str, head_dim: int) -> tuple[int, int]:
     if dtype_name in _HALF_NAMES:
         return forward.mma_block_m(head_dim), forward.mma_block_n(head_dim)
     itemsize = 8 if _FULL_NAMES[dtype_name] else 4
-    return forward.FMA_BLOCK_M, forward.fma_block_n(head_dim, itemsize)
+    return forward.fma_block_m(head_dim, itemsize), forward.fma_block_n(head_dim, itemsize)
 
 
 def _raw_stream_handle(stream, kind: str, like):
@@ -349,7 +349,9 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
         else:
             kern = forward.make_fma_kernel(head_dim, _FULL_NAMES[dtype_name], has_left, has_right,
                                            has_sinks, has_softcap, write_lse, block_n, **extra)
-            entry = (kern, forward.FMA_BLOCK_M, forward.FMA_BLOCK_M)
+            itemsize = 8 if _FULL_NAMES[dtype_name] else 4
+            entry = (kern, forward.fma_block_m(head_dim, itemsize),
+                     forward.fma_threads(head_dim, itemsize))
         _KERNELS[key] = entry
     return entry
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One GPU call that verifies every forward-kernel change and records its figures:
+#   (a) the GPU tests of the forward, mask, varlen and mask_mod files (pytest-xdist when present),
+#       alongside (b) compute-sanitizer memcheck + racecheck on scripts/sanitize_case.py (every
+#       dtype's kernel) and scripts/sanitize_masks.py;
+#   (c) scripts/bench_forward.py (the issue's shapes, fp16 and bf16, SDPA and naive CuPy peers);
+#   (d) scripts/bench_exact.py (fp32 / fp64 kernels against SDPA and naive CuPy; OLD_TREE=dir
+#       also times the kernels of an older checkout's numba_flash in a second process);
+#   (e) scripts/bench_masks.py: the mask set, fp16, with FlexAttention and SDPA.
+# Each step has its own time limit; logs in $OUT, packed into logs.tar.gz at the end.
+#   bash scripts/gpu_final.sh            (SKIP_PRELUDE=1: environment ready)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+if [ "${SKIP_PRELUDE:-0}" != 1 ]; then
+  . scripts/gpu_prelude.sh > "$OUT/prelude.log" 2>&1 || { cat "$OUT/prelude.log"; exit 1; }
+  tail -1 "$OUT/prelude.log"
+fi
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; } | tee "$OUT/device.txt"
+
+echo "=== (a) tests + (b) sanitizers $(date +%T)"
+xdist="-n 10"
+python3 -c "import xdist" 2>/dev/null || xdist=""
+( timeout "${TEST_LIMIT:-200}" python3 -m pytest -q $xdist -p no:cacheprovider --durations=5 \
+    tests/test_cuda_forward.py tests/test_cuda_masks.py tests/test_varlen.py tests/test_mask_mod.py \
+    > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?" >> "$OUT/tests.log" ) &
+for case in sanitize_case sanitize_masks; do
+  for tool in memcheck racecheck; do
+    ( timeout "${TEST_LIMIT:-200}" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 \
+        python3 scripts/$case.py > "$OUT/${case}_$tool.log" 2>&1
+      echo "compute-sanitizer $case $tool rc=$?" >> "$OUT/${case}_$tool.log" ) &
+  done
+done
+wait
+grep -E "passed|failed|error|rc=" "$OUT/tests.log" | tail -6
+grep -B2 -A30 "^_____" "$OUT/tests.log" | head -60
+for f in "$OUT"/sanitize_*.log; do
+  grep -v "Warn\|warn(" "$f" | grep -m 4 -A 4 "=====" | head -12
+  tail -2 "$f"
+done
+
+echo "=== (c) bench_forward $(date +%T)"
+timeout "${BENCH_LIMIT:-130}" python3 scripts/bench_forward.py --out "$OUT/bench_forward.json" \
+  --plot "$OUT/bench_forward.png" 2>&1 | tee "$OUT/bench_forward.log"
+
+echo "=== (d) bench_exact $(date +%T)"
+(cd scripts && timeout 45 python3 bench_exact.py --out "$OUT/bench_exact.json" 2>&1) | tee "$OUT/bench_exact.log"
+if [ -n "${OLD_TREE:-}" ]; then
+  echo "--- old tree ($OLD_TREE)" | tee -a "$OUT/bench_exact.log"
+  (cd scripts && PYTHONPATH=$OLD_TREE:$PYTHONPATH timeout 45 python3 bench_exact.py \
+     --out "$OUT/bench_exact_old.json" 2>&1) | tee -a "$OUT/bench_exact.log"
+fi
+
+echo "=== (e) bench_masks set $(date +%T)"
+timeout "${MASKS_LIMIT:-100}" python3 scripts/bench_masks.py --reps 3 --dtypes float16 --no-sweep --no-naive \
+  --json "$OUT/bench_masks_set.json" 2>&1 | tee "$OUT/bench_masks_set.log" | tail -30
+
+echo "=== done $(date +%T)"
+cd "$OUT" && tar czf logs.tar.gz *.log *.json *.png 2>/dev/null
