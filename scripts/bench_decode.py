@@ -7,8 +7,10 @@ and bfloat16; contiguous caches and paged ones (page sizes 16 and 64, shuffled b
 
     python scripts/bench_decode.py --out bench_decode.json --plot bench_decode.png [--quick]
         [--sweep]   # also time num_splits = 1, 2, 4, ..., 128 on the contiguous float16 cases
-        [--tiles "32,2,1;32,2,1,0;48,2,1"]   # tensor-core tiles (bn, stages, warps[, fold])
-                    # x num_splits around each one's auto choice, contiguous float16
+        [--tiles "32,2,1;32,2,1,0;48,2,1"]   # tensor-core tiles (bn, stages, warps[, fold[, pdl]])
+                    # x num_splits around each one's auto choice, float16, run before the table
+        [--tile-shapes 3] [--tile-splits 8,12,16] [--tile-pages none,16]   # restrict the sweep
+        [--pdl-ab]          # also time every table row with NUMBA_FLASH_DECODE_PDL=1
         [--no-bf16-paged]   # skip the bfloat16 paged rows (shorter runs)
 
 Timing: each measurement enqueues a ~0.08 s spin kernel first (torch.cuda._sleep), then REPS calls
@@ -39,14 +41,14 @@ REPS = 30
 SPIN_CYCLES = 150_000_000   # ~0.08 s: longer than 30 calls take to enqueue (<= 1.6 ms each)
 
 
-def gpu_time_ms(fn, reps=REPS, rounds=5):
+def gpu_time_ms(fn, reps=REPS, rounds=5, spin=SPIN_CYCLES):
     """Median GPU milliseconds per call of ``fn`` with the launch queue kept full."""
     fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(rounds):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SPIN_CYCLES)
+        torch.cuda._sleep(spin)
         start.record()
         for _ in range(reps):
             fn()
@@ -121,6 +123,13 @@ def main():
     ap.add_argument("--tiles", default="",
                     help="tensor-core configurations 'bn,stages,warps[,fold];...' to sweep (with "
                          "num_splits) on the contiguous fp16 cases; fold 0 = separate merge")
+    ap.add_argument("--tile-shapes", default="", help="indices into SHAPES for the tile sweep")
+    ap.add_argument("--tile-splits", default="", help="split counts for the tile sweep")
+    ap.add_argument("--tile-pages", default="none",
+                    help="cache layouts of the tile sweep: none (contiguous) and/or page sizes")
+    ap.add_argument("--no-table", action="store_true", help="tile sweep only")
+    ap.add_argument("--pdl-ab", action="store_true",
+                    help="also time each table row with programmatic dependent launch")
     ap.add_argument("--no-bf16-paged", action="store_true", help="skip bfloat16 paged rows")
     ap.add_argument("--sanitize-case", action="store_true",
                     help="run one small paged decode (splits, tree mask) and exit: for "
@@ -144,7 +153,17 @@ def main():
     copy_bw = copy_bandwidth_gbs()
     print(f"device {dev}; copy bandwidth {copy_bw:.0f} GB/s (read + write)", flush=True)
     rows, sweep = [], []
-    for (b, hq, hkv, L, d) in (SHAPES[:1] if args.quick else SHAPES):
+    result = dict(device=dev, date=datetime.date.today().isoformat(), copy_gbs=copy_bw,
+                  rows=rows, sweep=sweep, tile_sweep=[])
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    if args.tiles:
+        tile_sweep(args, copy_bw, save, result["tile_sweep"])
+        save()
+    for (b, hq, hkv, L, d) in ([] if args.no_table else SHAPES[:1] if args.quick else SHAPES):
         for dtype in DTYPES:
             for page in LAYOUTS:
                 if args.no_bf16_paged and dtype == "bfloat16" and page is not None:
@@ -158,11 +177,21 @@ def main():
                     err = (fn().float() - ref.transpose(1, 2).float()).abs().max().item()
                 row = dict(B=b, Hq=hq, Hkv=hkv, L=L, D=d, dtype=dtype,
                            layout="contiguous" if page is None else f"paged{page}",
-                           max_abs_diff_vs_sdpa=err)
+                           max_abs_diff_vs_sdpa=err if page is None else None)
                 ms = gpu_time_ms(fn)
+                from numba_flash.cuda.decode import LAST_PLAN
+
                 row.update(ours_ms=ms, ours_call_us=call_time_us(fn),
-                           ours_gbs=kv_bytes / ms / 1e6)
+                           ours_gbs=kv_bytes / ms / 1e6, splits=LAST_PLAN.get("splits"),
+                           tile=LAST_PLAN.get("tile"))
                 row["ours_pct_copy"] = 100 * row["ours_gbs"] / copy_bw
+                if args.pdl_ab:
+                    import os
+
+                    os.environ["NUMBA_FLASH_DECODE_PDL"] = "1"
+                    t = gpu_time_ms(fn)
+                    os.environ.pop("NUMBA_FLASH_DECODE_PDL")
+                    row.update(pdl_ms=t, pdl_pct_copy=100 * kv_bytes / t / 1e6 / copy_bw)
                 if page is None:
                     sdpa_times(q, k, v, row)
                     for name in ("flash", "cudnn"):
@@ -180,14 +209,11 @@ def main():
                             print(f"  sweep {b, hq, hkv, L} splits {s:>3}: {t:.4f} ms "
                                   f"{sweep[-1]['pct_copy']:.1f}%", flush=True)
                 rows.append(row)
+                save()
                 print(_fmt(row), flush=True)
                 del q, k, v, lens, table
                 torch.cuda.empty_cache()
-    tiles = tile_sweep(args.tiles, copy_bw, args.quick) if args.tiles else []
-    result = dict(device=dev, date=datetime.date.today().isoformat(), copy_gbs=copy_bw,
-                  rows=rows, sweep=sweep, tile_sweep=tiles)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save()
     print(f"\ndevice: {dev}, {result['date']}, copy bandwidth {copy_bw:.0f} GB/s")
     print(_header())
     for row in rows:
@@ -196,38 +222,59 @@ def main():
     _kernel_report()
 
 
-def tile_sweep(spec, copy_bw, quick):
-    """%copy of the contiguous fp16 cases for each tensor-core tile configuration and split
-    count (NUMBA_FLASH_DECODE_TILE); 'auto' is what auto_num_splits_mma picks for that tile."""
+def tile_sweep(args, copy_bw, save, out):
+    """%copy of float16 cases for each tensor-core configuration 'bn,stages,warps[,fold[,pdl]]'
+    (NUMBA_FLASH_DECODE_TILE / _FOLD / _PDL) and split count: ``--tile-splits``, or a few
+    around what ``num_splits="auto"`` picks for that layout; ``--tile-pages`` picks the cache
+    layouts (none = contiguous, or page sizes), ``--tile-shapes`` the shapes."""
     import os
 
     from numba_flash.cuda import decode as dec
 
-    out = []
-    for (b, hq, hkv, L, d) in (SHAPES[:1] if quick else SHAPES):
-        q, k, v, lens, _ = make_inputs(b, hq, hkv, L, d, "float16", None)
-        kv_bytes = 2 * b * L * hkv * d * q.element_size()
-        for tile in spec.split(";"):
-            parts = tile.split(",")           # bn,stages,warps[,fold 0/1]
-            os.environ["NUMBA_FLASH_DECODE_TILE"] = ",".join(parts[:3])
-            os.environ["NUMBA_FLASH_DECODE_FOLD"] = parts[3] if len(parts) > 3 else "1"
+    shapes = [SHAPES[int(i)] for i in args.tile_shapes.split(",")] if args.tile_shapes else \
+        (SHAPES[:1] if args.quick else SHAPES)
+    pages = [None if p == "none" else int(p) for p in args.tile_pages.split(",")]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for (b, hq, hkv, L, d) in shapes:
+        for page in pages:
+            q, k, v, lens, table = make_inputs(b, hq, hkv, L, d, "float16", page)
+            kv_bytes = 2 * b * L * hkv * d * q.element_size()
             units = b * hkv * -(-(hq // hkv) // dec.MMA_ROWS)
-            auto = dec.auto_num_splits_mma(units, L, torch.cuda.get_device_properties(0)
-                                           .multi_processor_count)
-            for s in sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, auto, max(1, auto // 2),
-                             2 * auto}):
-                if s > 4 * auto or s * 4 < auto:
-                    continue
-                t = gpu_time_ms(lambda: numba_flash.decode(q, k, v, cache_seqlens=lens,
-                                                           num_splits=s), rounds=3)
-                out.append(dict(B=b, Hq=hq, Hkv=hkv, L=L, tile=tile, splits=s, auto=s == auto,
-                                ms=t, pct_copy=100 * kv_bytes / t / 1e6 / copy_bw))
-                print(f"  tile {tile} {b, hq, hkv, L} splits {s:>3}{'*' if s == auto else ' '}: "
-                      f"{t:.4f} ms {out[-1]['pct_copy']:.1f}%", flush=True)
-        del q, k, v, lens
-        torch.cuda.empty_cache()
-    os.environ.pop("NUMBA_FLASH_DECODE_TILE", None)
-    os.environ.pop("NUMBA_FLASH_DECODE_FOLD", None)
+            contig = dec.auto_num_splits_mma(units, L, sms)
+            if page is None:
+                auto = contig
+            else:
+                auto = dec.auto_num_splits_mma(units, L, sms, dec.MMA_WARPS_PER_SM_PAGED, 0)
+            if args.tile_splits:
+                splits = sorted({int(x) for x in args.tile_splits.split(",")})
+            elif page is None:
+                splits = sorted({auto, max(1, auto // 2), 2 * auto, max(1, auto * 3 // 4),
+                                 auto * 3 // 2})
+            else:     # around the paged rule's choice and the contiguous rule's
+                splits = sorted({auto, max(1, auto // 2), contig, contig * 4 // 3})
+            for tile in args.tiles.split(";"):
+                parts = tile.split(",")           # bn,stages,warps[,fold 0/1[,pdl 0/1]]
+                os.environ["NUMBA_FLASH_DECODE_TILE"] = ",".join(parts[:3])
+                os.environ["NUMBA_FLASH_DECODE_FOLD"] = parts[3] if len(parts) > 3 else "1"
+                if len(parts) > 4:
+                    os.environ["NUMBA_FLASH_DECODE_PDL"] = parts[4]
+                else:
+                    os.environ.pop("NUMBA_FLASH_DECODE_PDL", None)
+                for s in splits:
+                    fn = lambda: numba_flash.decode(q, k, v, cache_seqlens=lens,
+                                                    block_table=table, num_splits=s)
+                    t = gpu_time_ms(fn, rounds=3, spin=SPIN_CYCLES // 3)
+                    out.append(dict(B=b, Hq=hq, Hkv=hkv, L=L, page=page, tile=tile, splits=s,
+                                    auto=s == auto, ms=t,
+                                    pct_copy=100 * kv_bytes / t / 1e6 / copy_bw))
+                    print(f"  tile {tile:<12} {b, hq, hkv, L} page {page} splits {s:>3}"
+                          f"{'*' if s == auto else ' '}: {t:.4f} ms {out[-1]['pct_copy']:.1f}%",
+                          flush=True)
+                save()
+            del q, k, v, lens, table
+            torch.cuda.empty_cache()
+    for name in ("NUMBA_FLASH_DECODE_TILE", "NUMBA_FLASH_DECODE_FOLD", "NUMBA_FLASH_DECODE_PDL"):
+        os.environ.pop(name, None)
     return out
 
 

@@ -4,8 +4,9 @@
     compute-sanitizer --tool racecheck --report-api-errors no python scripts/sanitize_decode.py
 
 Covers each decode kernel (tensor-core: direct and split with the merge folded in or launched
-apart, contiguous and paged, ragged lengths 0 / 1, a draft tree, a window with sinks; the
-CUDA-core kernel at
+apart, contiguous and paged (sinks, a 6-row page), group 1, back-to-back launches with
+programmatic dependent launch (NUMBA_FLASH_DECODE_PDL=1), ragged lengths 0 / 1, a draft tree,
+a window with sinks; the CUDA-core kernel at
 head_dim 256 and forced with NUMBA_FLASH_DECODE_KERNEL=fma) and the merge kernel
 (merge_states on float32 GPU states), then checks every output against the CPU path.
 """
@@ -55,8 +56,21 @@ def main():
         errs.append(case(rng, 2, 2, 4, 1, 64, 500, [500, 130], window_size=(50, -1), sinks=3,
                          num_splits=3))
         errs.append(case(rng, 1, 3, 6, 1, 128, 400, [400], num_splits=4))      # 18 rows: 2 chunks
+        errs.append(case(rng, 2, 1, 4, 4, 128, 2048, [2048, 1500], num_splits=8))  # group 1
+        errs.append(case(rng, 2, 1, 4, 2, 64, 600, [600, 301], page=6, num_splits=3,
+                         window_size=(100, -1), sinks=5))      # 6-row pages, sinks
     os.environ.pop("NUMBA_FLASH_DECODE_KERNEL")
     os.environ.pop("NUMBA_FLASH_DECODE_FOLD")
+    # Back-to-back launches on one stream with programmatic dependent launch (each waits for
+    # the previous grid before touching counters and partial states).
+    os.environ["NUMBA_FLASH_DECODE_PDL"] = "1"
+    q = cp.asarray(rng.standard_normal((1, 1, 8, 128)).astype(np.float16))
+    k = cp.asarray(rng.standard_normal((1, 3000, 8, 128)).astype(np.float16))
+    outs = [numba_flash.decode(q, k, k, num_splits=s) for s in (12, 12, 1, 12, 7, 7)]
+    for o in outs[1:]:
+        errs.append(float(cp.abs(o.astype(cp.float32) - outs[0].astype(cp.float32)).max()))
+        assert errs[-1] < 2e-3, errs[-1]
+    os.environ.pop("NUMBA_FLASH_DECODE_PDL")
     errs.append(case(rng, 2, 1, 4, 2, 256, 100, [100, 33], num_splits=2))     # CUDA-core kernel
     o = cp.asarray(rng.standard_normal((5, 2, 3, 4, 32)).astype(np.float32))
     lse = cp.asarray(rng.standard_normal((5, 2, 4, 3)).astype(np.float32))

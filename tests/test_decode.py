@@ -13,7 +13,7 @@ import pytest
 import numba_flash
 from numba_flash import masks
 from numba_flash.cuda.decode import (auto_num_splits, auto_num_splits_mma, decode_geometry,
-                                     tree_row_bits)
+                                     mma_tile, tree_row_bits)
 from numba_flash.cuda.warp import SIMULATOR
 from numba_flash.decode import gather_cache
 from numba_flash_reference.attention import attention as reference
@@ -251,6 +251,54 @@ def test_geometry_and_split_heuristic():
     assert auto_num_splits_mma(units=1, keys=300, sm_count=132) == 1
 
 
+def test_mma_tile_choice(monkeypatch):
+    """Contiguous caches: 32-key tiles, 2 stages; paged: 16 x 3; the variable overrides."""
+    monkeypatch.delenv("NUMBA_FLASH_DECODE_TILE", raising=False)
+    assert mma_tile(128) == (32, 2, 1)
+    assert mma_tile(128, paged=True) == (16, 3, 1)
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", "48,2,1")
+    assert mma_tile(128) == (48, 2, 1) and mma_tile(128, paged=True) == (48, 2, 1)
+
+
+def _paged_copy(rng, k, v, page):
+    """The same cache scattered into shuffled pages of ``page`` rows (plus unused pages)."""
+    b, smax, hkv, d = k.shape
+    per = smax // page
+    perm = rng.permutation(b * per + 2)
+    table = perm[:b * per].reshape(b, per).astype(np.int32)
+    kp = rng.standard_normal((b * per + 2, page, hkv, d)).astype(k.dtype)
+    vp = rng.standard_normal((b * per + 2, page, hkv, d)).astype(k.dtype)
+    kp[table.ravel()] = k.reshape(b * per, page, hkv, d)
+    vp[table.ravel()] = v.reshape(b * per, page, hkv, d)
+    return kp, vp, table
+
+
+@pytest.mark.parametrize("page, opts", [
+    (8, dict(num_splits=3)),
+    (6, dict(num_splits=2, window_size=(17, -1), sinks=3)),      # sinks: the virtual axis jumps
+])
+def test_paged_same_bits_as_contiguous(monkeypatch, page, opts):
+    """With one tile, paged and contiguous caches run the same arithmetic: identical bits
+    (shuffled pages, a page size that is not a power of two, sinks, ragged ends)."""
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", "16,3,1")
+    rng = np.random.default_rng(page)
+    b, hq, hkv, d, smax = 2, 4, 2, 32, 48 if SIMULATOR else 4800
+    q = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
+    k = rng.standard_normal((b, smax, hkv, d)).astype(np.float16)
+    v = rng.standard_normal((b, smax, hkv, d)).astype(np.float16)
+    kp, vp, table = _paged_copy(rng, k, v, page)
+    lens = np.array([smax - 5, smax // 3 + 1], dtype=np.int32)
+    dq = _dev(q)
+    outs = []
+    for kk, vv, tb in ((k, v, None), (kp, vp, table)):
+        outs.append(numba_flash.decode(dq, _dev(kk), _dev(vv), cache_seqlens=_dev_int(lens, dq),
+                                       block_table=None if tb is None else _dev_int(tb, dq),
+                                       return_lse=True, backend="cuda", **opts))
+    (o1, l1), (o2, l2) = ((_host(o), _host(l)) for o, l in outs)
+    assert not np.isnan(o1.astype(np.float32)).any()
+    assert np.array_equal(o1, o2) and np.array_equal(l1, l2)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 def _small(dtype=np.float16):
@@ -394,6 +442,26 @@ def test_gpu_direct_launch_matches_dispatcher(monkeypatch, splits):
     monkeypatch.setitem(dec._FAST, "on", False)
     slow = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits, return_lse=True)
     assert cp.array_equal(fast[0], slow[0]) and cp.array_equal(fast[1], slow[1])
+
+
+@gpu
+@pytest.mark.parametrize("splits", [1, 16])
+def test_gpu_pdl_same_bits(monkeypatch, splits):
+    """Programmatic dependent launch on and off: identical bits, also when calls queue back
+    to back on one stream (each waits for the one before: counters and partial states)."""
+    rng = np.random.default_rng(29)
+    q = cp.asarray(rng.standard_normal((1, 1, 32, 128)).astype(np.float16))
+    k = cp.asarray(rng.standard_normal((1, 8192, 32, 128)).astype(np.float16))
+    v = cp.asarray(rng.standard_normal((1, 8192, 32, 128)).astype(np.float16))
+    lens = cp.asarray(np.array([8000], np.int32))
+    runs = {}
+    for pdl in ("0", "1"):
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_PDL", pdl)
+        runs[pdl] = [numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits,
+                                        return_lse=True) for _ in range(20)]
+    ref = runs["0"][0]
+    for out, lse in runs["0"] + runs["1"]:
+        assert cp.array_equal(out, ref[0]) and cp.array_equal(lse, ref[1])
 
 
 def test_counter_buffers_keyed_by_stream():

@@ -515,6 +515,27 @@ def mma_tile(head_dim: int, paged: bool = False) -> tuple[int, int, int]:
     return MMA_TILE_PAGED if paged else MMA_TILE
 
 
+def _pdl_wanted() -> bool:
+    """Programmatic dependent launch of the tensor-core kernel (compute capability 9.0 and
+    later, direct launch only) when NUMBA_FLASH_DECODE_PDL=1. Off by default: on the H100 it
+    cost up to 17 points of bandwidth where the grid leaves room on the multiprocessors (the
+    next grid's blocks settle there early and unevenly; docs/decode.md). The kernel waits on
+    griddepcontrol on every sm_90+ device either way: the variable only changes the launch."""
+    return os.environ.get("NUMBA_FLASH_DECODE_PDL", "0") == "1"
+
+
+_PDL_DEVICES: dict = {}
+
+
+def _pdl_device(device) -> bool:
+    """Whether ``device`` (None: the current one) runs griddepcontrol (sm_90 and later)."""
+    key = device if device is not None else -1
+    if key not in _PDL_DEVICES:
+        dev = cuda.gpus[device] if device is not None else cuda.get_current_device()
+        _PDL_DEVICES[key] = tuple(dev.compute_capability) >= (9, 0)
+    return _PDL_DEVICES[key]
+
+
 def auto_num_splits_mma(units: int, keys: int, sm_count: int,
                         warps_per_sm: int = MMA_WARPS_PER_SM, short_keys: int = SHORT_SPLIT_KEYS
                         ) -> int:
@@ -537,6 +558,7 @@ def auto_num_splits_mma(units: int, keys: int, sm_count: int,
 
 
 _COUNTERS: dict = {}
+LAST_PLAN: dict = {}         # splits and tile of the last decode_cuda call (benchmarks read it)
 
 
 def _fold_merge() -> bool:
@@ -611,7 +633,7 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
 
     raw = launch._raw_stream_handle(stream, kind, like)
     n_units = grid[1] * grid[2]
-    counters = _counters(kind, device, n_units, raw) if config[-1] else \
+    counters = _counters(kind, device, n_units, raw) if config[13] else \
         _dummy(kind, device, (1,), np.int32)
     params, layouts = [], []
     for i, x in enumerate(arrays + (counters,)):
@@ -634,9 +656,28 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
     params.extend(ctypes.c_int64(v) for v in ints)
     params.extend(ctypes.c_float(v) for v in floats)
     params.extend(ctypes.c_int64(v) for v in ints2)
+    cfg = _pdl_config(grid, threads) if config[14] and _pdl_wanted() else \
+        launch._launch_config(grid, threads)
     with ctx:
-        launch._core_launch(launch._core_stream(raw), launch._launch_config(grid, threads),
-                            core_kernel, *params)
+        launch._core_launch(launch._core_stream(raw), cfg, core_kernel, *params)
+
+
+_PDL_CONFIGS: dict = {}
+
+
+def _pdl_config(grid, threads):
+    """A cuda.core launch configuration with programmatic stream serialization."""
+    from . import launch
+
+    cfg = _PDL_CONFIGS.get((grid, threads))
+    if cfg is None:
+        try:
+            cfg = launch._CoreLaunchConfig(grid=grid, block=threads,
+                                           programmatic_stream_serialization=True)
+        except TypeError:      # a cuda.core without the option: plain launches
+            cfg = launch._launch_config(grid, threads)
+        _PDL_CONFIGS[(grid, threads)] = cfg
+    return cfg
 
 
 def _stream_key(stream):
@@ -802,12 +843,14 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     log2e = 1.0 / math.log(2.0)
     cap = float(softcap) if has_softcap else 1.0
     f32 = np.float32
+    LAST_PLAN.update(splits=splits, tile=(block_n, stages, warps) if use_mma else None)
     if use_mma and kind != "numpy" and _FAST["on"] and (direct or _fold_merge()):
         arrays = (q, k_cache, v_cache, block_table if paged else bt_arg, cache_seqlens, tree_arg,
                   out, lse if return_lse else lse_arg,
                   o_part if not direct else o_part_arg, lse_part if not direct else lse_part_arg)
         config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
-                  has_tree, direct, bool(return_lse), block_n, stages, warps, not direct)
+                  has_tree, direct, bool(return_lse), block_n, stages, warps, not direct,
+                  _pdl_device(device))
         ints = (ratio, chunks, splits)
         floats = (scale * log2e, scale / cap, cap * log2e)
         ints2 = (left, right, int(sinks), tree_len, page_size, page_shift)

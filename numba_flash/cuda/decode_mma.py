@@ -31,6 +31,21 @@ from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_1, cp_a
                    cp_async_wait_3, exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16,
                    shfl_xor, syncwarp)
 
+if SIMULATOR:
+    def grid_dependency_wait():
+        """No-op in the simulator (one grid at a time)."""
+
+    def grid_launch_dependents():
+        """No-op in the simulator."""
+else:
+    from .warp import _bare_asm_intrinsic
+
+    # Programmatic dependent launch (sm_90+): wait until the grids this one depends on have
+    # finished and their memory is visible (returns at once when launched without the PDL
+    # attribute); then let the next grid on the stream be scheduled early.
+    grid_dependency_wait = _bare_asm_intrinsic("griddepcontrol.wait;")
+    grid_launch_dependents = _bare_asm_intrinsic("griddepcontrol.launch_dependents;")
+
 __all__ = ["make_mma_decode_kernel", "mma_decode_supported", "mma_smem_bytes", "MMA_ROWS"]
 
 MMA_ROWS = 16
@@ -66,7 +81,7 @@ def mma_smem_bytes(head_dim: int, block_n: int, stages: int, warps: int) -> int:
 def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: bool,
                            has_right: bool, has_sinks: bool, has_softcap: bool, has_tree: bool,
                            direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
-                           fold: bool = False):
+                           fold: bool = False, pdl: bool = False):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
@@ -82,6 +97,12 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     warp that brings it to ``n_splits`` is the last of its (batch item, kv head, chunk): it
     merges the partial states of its rows into out / lse and resets the counter to 0, so the
     same counters serve the next launch on the stream. No second kernel launch.
+
+    ``pdl`` (sm_90 and later only): the kernel first waits on ``griddepcontrol.wait`` (the
+    previous grid on the stream has finished and its writes are visible; immediate without a
+    programmatic-dependent launch), then signals ``griddepcontrol.launch_dependents``, so a
+    next launch made with programmatic stream serialization is scheduled while this one runs
+    and waits in its own prologue instead of paying the launch gap after it.
 
     Grid ``(ceil(n_splits / warps), B, Hkv * row_chunks)``, ``32 * warps`` threads;
     ``block_n`` a multiple of 16, ``stages`` in 2..4, within 48 KB of static shared memory.
@@ -102,6 +123,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     MF = 2 * ND                   # folded merge: one row's output pairs per lane
     BF16 = bool(is_bf16)
     FOLD = bool(fold) and not direct
+    PDL = bool(pdl)
     NEG_INF = -math.inf
     if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4 or mma_smem_bytes(D, BN, S, NW) > 49152:
         raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, warps {NW} at "
@@ -111,6 +133,9 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     def kernel(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part, lse_part,
                counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out,
                window_left, window_right, sinks, tree_len, page_size, page_shift):
+        if PDL:
+            grid_dependency_wait()
+            grid_launch_dependents()
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
