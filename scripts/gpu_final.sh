@@ -8,7 +8,7 @@
 #       also times the kernels of an older checkout's numba_flash in a second process);
 #   (e) scripts/bench_masks.py: the mask set, fp16, with FlexAttention and SDPA.
 # Each step has its own time limit; logs in $OUT, packed into logs.tar.gz at the end.
-#   bash scripts/gpu_final.sh            (SKIP_PRELUDE=1: environment ready)
+#   bash scripts/gpu_final.sh            (SKIP_PRELUDE=1: environment ready; TESTS_ONLY=1: (a), (b))
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -39,6 +39,8 @@ for f in "$OUT"/sanitize_*.log; do
   grep -v "Warn\|warn(" "$f" | grep -m 4 -A 4 "=====" | head -12
   tail -2 "$f"
 done
+
+if [ "${TESTS_ONLY:-0}" = 1 ]; then cd "$OUT" && tar czf logs.tar.gz *.log; exit 0; fi
 
 echo "=== (c) bench_forward $(date +%T)"
 timeout "${BENCH_LIMIT:-130}" python3 scripts/bench_forward.py --out "$OUT/bench_forward.json" \
