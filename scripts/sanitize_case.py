@@ -5,7 +5,7 @@
 Default: every dtype (float16, bfloat16, float32, float64) at head_dim 64 with full, causal and
 window (9, 5) + 3 sinks masks (Sq=77, Sk=93, GQA 2). With --head-dims, the half-precision kernels
 at those head_dims (128 and 256 keep Q in shared memory; 256 uses 16-key tiles): float16 causal
-and bfloat16 window + sinks.
+and bfloat16 window + sinks, and the exact kernels: float32 causal, float64 window + sinks.
 """
 import argparse
 
@@ -36,6 +36,8 @@ def main():
         for d in (int(x) for x in args.head_dims.split(",")):
             run("float16", d, True, (-1, -1), 0, rng)
             run("bfloat16", d, False, (9, 5), 3, rng)
+            run("float32", d, True, (-1, -1), 0, rng)
+            run("float64", d, False, (9, 5), 3, rng)
     else:
         for dtype in ("float16", "bfloat16", "float32", "float64"):
             for causal, window, sinks in ((False, (-1, -1), 0), (True, (-1, -1), 0),
