@@ -15,7 +15,7 @@ import json
 
 import cupy as cp
 
-from bench_forward import flops, time_ms
+from bench_forward import flops, naive_attention, time_ms
 
 SHAPES = [(2, 16, 2048, 64), (2, 16, 2048, 128)]
 
@@ -42,7 +42,6 @@ def main():
         for dtype in ("float32", "float64"):
             q, k, v = (rng.standard_normal((b, n, h, d), dtype=dtype) for _ in range(3))
             tq, tk, tv = (torch.as_tensor(x, device="cuda").transpose(1, 2) for x in (q, k, v))
-            qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
             for causal in (False, True):
                 fl = flops(b, h, n, d, causal)
                 row = dict(B=b, H=h, N=n, D=d, dtype=dtype, causal=causal)
@@ -58,18 +57,7 @@ def main():
                     row.update(sdpa_backend=backend.name, sdpa_ms=t, ratio_vs_sdpa=t / ms)
                 except Exception as exc:
                     row["sdpa_error"] = repr(exc)[:120]
-                mask = cp.triu(cp.ones((n, n), dtype=bool), 1) if causal else None
-                scale = d ** -0.5
-
-                def naive():
-                    s = cp.matmul(qh, kh.transpose(0, 1, 3, 2)) * scale
-                    if mask is not None:
-                        s = cp.where(mask, -cp.inf, s)
-                    s = s - s.max(axis=-1, keepdims=True)
-                    p = cp.exp(s)
-                    p /= p.sum(axis=-1, keepdims=True)
-                    return cp.matmul(p, vh)
-
+                naive = naive_attention(q, k, v, causal)
                 t = time_ms(naive, reps=5, warmup=1)
                 row.update(naive_ms=t, speedup_vs_naive=t / ms)
                 cp.get_default_memory_pool().free_all_blocks()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
 
 import cupy as cp
@@ -52,6 +51,26 @@ def time_ms(fn, reps=20, warmup=3):
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop))
     return statistics.median(times)
+
+
+def naive_attention(q, k, v, causal):
+    """A no-argument function computing dense attention on CuPy (B, N, H, D) arrays in their own
+    dtype: matmul, softmax, matmul, the full N x N scores in memory (the naive peer)."""
+    n, d = q.shape[1], q.shape[3]
+    qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    scale = d ** -0.5
+    causal_mask = cp.triu(cp.ones((n, n), dtype=bool), 1) if causal else None
+
+    def naive():
+        s = cp.matmul(qh, kh.transpose(0, 1, 3, 2)) * scale
+        if causal_mask is not None:
+            s = cp.where(causal_mask, -cp.inf, s)
+        s = s - s.max(axis=-1, keepdims=True)
+        p = cp.exp(s)
+        p /= p.sum(axis=-1, keepdims=True)
+        return cp.matmul(p, vh)
+
+    return naive
 
 
 def flops(b, h, n, d, causal):
@@ -114,19 +133,7 @@ def main():
                         except Exception as exc:  # backend unavailable for this shape
                             row[f"sdpa_{name}_error"] = repr(exc)[:120]
                 if dtype == "float16" and not args.no_naive:
-                    qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
-                    scale = d ** -0.5
-                    causal_mask = cp.triu(cp.ones((n, n), dtype=bool), 1) if causal else None
-
-                    def naive():
-                        s = cp.matmul(qh, kh.transpose(0, 1, 3, 2)) * scale
-                        if causal_mask is not None:
-                            s = cp.where(causal_mask, -cp.inf, s)
-                        s = s - s.max(axis=-1, keepdims=True)
-                        p = cp.exp(s)
-                        p /= p.sum(axis=-1, keepdims=True)
-                        return cp.matmul(p, vh)
-
+                    naive = naive_attention(q, k, v, causal)
                     try:
                         t = time_ms(naive, reps=5, warmup=1)
                         row["naive_cupy_ms"], row["naive_cupy_tflops"] = t, fl / t / 1e9

@@ -427,19 +427,10 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
                      (left, right, int(sinks)), (has_left, has_right, has_sinks), stream)
     elif _FAST_LAUNCH and (out.size if kind != "torch" else out.numel()) and batch and seqlen_q:
         # Mask objects, ALiBi, varlen: the same direct launch, with their arrays appended.
-        launch_stream = _resolve_stream(stream, kind, q)
-        block_m, block_n = tile_shape(dtype_name, head_dim)
-        plan = plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, block_m, block_n,
-                         varlen is not None, launch_stream)
-        dummies = dummy_arrays()
+        plan, extra = _mask_arguments(mask, alibi_slopes, varlen, kind, dtype_name, head_dim,
+                                      batch, heads_q, seqlen_q, seqlen_k,
+                                      _resolve_stream(stream, kind, q))
         has_alibi = alibi_slopes is not None
-        extra = [plan.iv, plan.mm, plan.table, plan.bits]
-        if varlen is not None:
-            extra += [_kernel_array(varlen.cu_q, kind, False), _kernel_array(varlen.cu_k, kind, False)]
-        else:
-            extra += [dummies.cu, dummies.cu]
-        extra.append(_alibi_array(alibi_slopes, kind, batch, heads_q) if has_alibi
-                     else dummies.alibi)
         _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
                      heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
                      (left, right, int(sinks)), (has_left, has_right, has_sinks), stream,
@@ -454,21 +445,12 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         else:
             lse_arg = _kernel_array(lse, kind, False, lead)
         launch_stream = _resolve_stream(stream, kind, q)
-        block_m, block_n = tile_shape(dtype_name, head_dim)
-        plan = plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, block_m, block_n,
-                         varlen is not None, launch_stream)
-        dummies = dummy_arrays()
+        plan, extra = _mask_arguments(mask, alibi_slopes, varlen, kind, dtype_name, head_dim,
+                                      batch, heads_q, seqlen_q, seqlen_k, launch_stream)
         has_alibi = alibi_slopes is not None
         kern, block_m, threads = kernel_for(dtype_name, head_dim, has_left, has_right, has_sinks,
                                             has_softcap, return_lse, plan.kind, lead, has_alibi,
                                             plan.mask_mod)
-        extra = [plan.iv, plan.mm, plan.table, plan.bits]
-        if varlen is not None:
-            extra += [_kernel_array(varlen.cu_q, kind, False), _kernel_array(varlen.cu_k, kind, False)]
-        else:
-            extra += [dummies.cu, dummies.cu]
-        extra.append(_alibi_array(alibi_slopes, kind, batch, heads_q) if has_alibi
-                     else dummies.alibi)
         scale = float(softmax_scale)
         log2e = 1.0 / math.log(2.0)
         cap = float(softcap) if has_softcap else 1.0
@@ -490,6 +472,25 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     if kind == "cai" and dtype_name == "bfloat16":
         out = _BFloat16Array(out)
     return (out, lse) if return_lse else out
+
+
+def _mask_arguments(mask, alibi_slopes, varlen, kind, dtype_name, head_dim, batch, heads_q,
+                    seqlen_q, seqlen_k, launch_stream):
+    """The mask plan and the kernel's trailing array arguments, in kernel order: mask intervals,
+    their min/max, class table, bitmask words, cu_seqlens q and k, ALiBi slopes (dummies for
+    what the call does not use)."""
+    block_m, block_n = tile_shape(dtype_name, head_dim)
+    plan = plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, block_m, block_n,
+                     varlen is not None, launch_stream)
+    dummies = dummy_arrays()
+    extra = [plan.iv, plan.mm, plan.table, plan.bits]
+    if varlen is not None:
+        extra += [_kernel_array(varlen.cu_q, kind, False), _kernel_array(varlen.cu_k, kind, False)]
+    else:
+        extra += [dummies.cu, dummies.cu]
+    extra.append(_alibi_array(alibi_slopes, kind, batch, heads_q) if alibi_slopes is not None
+                 else dummies.alibi)
+    return plan, extra
 
 
 def _alibi_array(slopes, kind: str, batch: int, heads_q: int):
