@@ -44,6 +44,7 @@ from numba import cuda
 from numba.cuda import types
 
 from .decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
+from .jitcache import jit_kernel
 from .warp import SIMULATOR, exp2, pack_bf16, pack_f16, shfl_xor
 
 __all__ = ["make_decode_kernel", "decode_geometry", "DECODE_WARPS", "MAX_ROWS", "ld_v4",
@@ -125,8 +126,9 @@ else:
         return f[0], f[1]
 
 
-def _jit(fn):
-    return cuda.jit(fn) if SIMULATOR else cuda.jit(cache=True)(fn)
+def _jit(fn, config):
+    # On-disk caching, one cache index per configuration (jitcache.py).
+    return jit_kernel(fn, config)
 
 
 def decode_geometry(head_dim: int, rows: int):
@@ -440,7 +442,8 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
                     if w == 0:
                         lse_part[split, b, h, s] = lse_val
 
-    return _jit(kernel)
+    return _jit(kernel, ("decode", head_dim, is_bf16, rows, paged, has_left, has_right, has_sinks,
+                         has_softcap, has_tree, direct, write_lse))
 
 
 # ----------------------------------------------------------------------------- launcher

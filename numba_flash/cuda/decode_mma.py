@@ -27,6 +27,7 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
+from .jitcache import jit_kernel
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
                    cp_async_wait_3, exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16,
                    shfl_xor, syncwarp)
@@ -53,8 +54,9 @@ LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
 
 
-def _jit(fn):
-    return cuda.jit(fn) if SIMULATOR else cuda.jit(cache=True)(fn)
+def _jit(fn, config):
+    # On-disk caching, one cache index per configuration (jitcache.py).
+    return jit_kernel(fn, config)
 
 
 def mma_decode_supported(head_dim: int) -> bool:
@@ -556,4 +558,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                 if lane == 0:
                     counters[cidx] = 0
 
-    return _jit(kernel)
+    return _jit(kernel, ("decode_mma", head_dim, is_bf16, paged, has_left, has_right, has_sinks,
+                         has_softcap, has_tree, direct, write_lse, block_n, stages, warps, fold,
+                         pdl))

@@ -31,6 +31,7 @@ from numba.cuda import types
 
 from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
                       chunk_classes, interval_visible)
+from .jitcache import jit_kernel
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
                    ldmatrix_x4_trans, lowest_bit, mma16, pack16, shfl_xor)
 
@@ -44,10 +45,10 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
-def _jit(fn, cache=True):
-    # On-disk caching: closures are cached per value of their cells (see launch.py). A kernel
-    # holding a user's mask_mod is not cached on disk (its closure holds a dispatcher).
-    return cuda.jit(fn) if SIMULATOR or not cache else cuda.jit(cache=True)(fn)
+def _jit(fn, config, cache=True):
+    # On-disk caching, one cache index per configuration (jitcache.py). A kernel holding a
+    # user's mask_mod is not cached on disk (its closure holds a dispatcher).
+    return jit_kernel(fn, config, cache)
 
 
 def _mask_mod_device(mask_mod):
@@ -629,7 +630,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                         lse[ab, h, q_off + row] = ((m_run[2 * mt + half] + math.log2(l)) * LN2
                                                    if l > 0 else NEG_INF)
 
-    return _jit(kernel, cache=mask_mod is None)
+    return _jit(kernel, ("mma", D, BF16, has_left, has_right, has_sinks, has_softcap, write_lse,
+                         BN, KIND, VARLEN, ALIBI, MT), cache=mask_mod is None)
 
 
 def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
@@ -981,7 +983,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                 if write_lse and part == 0:
                     lse[ab, h, q_off + row] = mrow[r] + math.log(l) if l > 0 else NEG_INF
 
-    return _jit(kernel, cache=mask_mod is None)
+    return _jit(kernel, ("fma", D, bool(is_f64), has_left, has_right, has_sinks, has_softcap,
+                         write_lse, BN, KIND, VARLEN, ALIBI), cache=mask_mod is None)
 
 
 if SIMULATOR:

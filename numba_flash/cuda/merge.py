@@ -13,7 +13,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from .warp import SIMULATOR, pack_bf16, pack_f16
+from .jitcache import jit_kernel
+from .warp import pack_bf16, pack_f16
 
 __all__ = ["make_merge_kernel", "MERGE_THREADS", "OUT_F32", "OUT_F16", "OUT_BF16"]
 
@@ -23,8 +24,9 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
-def _jit(fn):
-    return cuda.jit(fn) if SIMULATOR else cuda.jit(cache=True)(fn)
+def _jit(fn, config):
+    # On-disk caching, one cache index per configuration (jitcache.py).
+    return jit_kernel(fn, config)
 
 
 def make_merge_kernel(out_mode: int, write_lse: bool):
@@ -78,7 +80,7 @@ def make_merge_kernel(out_mode: int, write_lse: bool):
         if write_lse and w == 0:
             lse[b, h, s] = mu + math.log(tot) if tot > 0 else NEG_INF
 
-    return _jit(kernel)
+    return _jit(kernel, ("merge", out_mode, write_lse))
 
 
 _KERNELS: dict = {}

@@ -1,0 +1,81 @@
+"""One on-disk cache index per kernel configuration (numba_flash/cuda/jitcache.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from numba_flash.cuda import decode, decode_mma, forward, jitcache, merge
+
+
+def test_config_qualname_is_deterministic_and_distinct():
+    a = jitcache.config_qualname("make.<locals>.kernel", ("mma", 128, False, True, 64))
+    b = jitcache.config_qualname("make.<locals>.kernel", ("mma", 128, False, True, 32))
+    assert a.startswith("make.<locals>.kernel_") and len(a) == len("make.<locals>.kernel_") + 12
+    assert a != b
+    # The same name in another process (the cache must find it again).
+    code = ("from numba_flash.cuda import jitcache; "
+            "print(jitcache.config_qualname('make.<locals>.kernel', ('mma', 128, False, True, 64)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == a
+
+
+def test_cache_files_differ_per_configuration():
+    """Numba names a function's cache index after its qualified name: renamed closures of one
+    factory get separate index files."""
+    from numba.cuda.core.caching import CacheImpl
+
+    class CUDACacheImpl(CacheImpl):    # numba-cuda's file naming; the payload does not matter
+        def reduce(self, kernel):
+            return kernel
+
+        def rebuild(self, target_context, payload):
+            return payload
+
+        def check_cachable(self, cres):
+            return True
+
+    def factory(width):
+        def kernel(x):
+            x[0] = width
+        kernel.__qualname__ = jitcache.config_qualname(kernel.__qualname__, ("k", width))
+        return kernel
+
+    bases = {CUDACacheImpl(factory(w)).filename_base for w in (1, 2, 3)}
+    assert len(bases) == 3
+
+
+def _captured_configs(monkeypatch, module):
+    seen = []
+
+    def fake(fn, config, cache=True):
+        seen.append(tuple(config))
+        return fn
+
+    monkeypatch.setattr(module, "jit_kernel", fake)
+    return seen
+
+
+def test_factories_pass_every_compile_time_argument(monkeypatch):
+    seen = _captured_configs(monkeypatch, forward)
+    forward.make_mma_kernel(64, False, False, True, False, False, True, 64, m_tiles=2)
+    forward.make_mma_kernel(64, True, False, True, False, False, True, 64, m_tiles=2)
+    forward.make_mma_kernel(64, False, False, True, False, False, True, 64, m_tiles=1)
+    forward.make_mma_kernel(64, False, False, True, False, False, True, 32, m_tiles=1)
+    forward.make_fma_kernel(64, False, True, True, False, False, True,
+                            forward.fma_block_n(64, 4))
+    forward.make_fma_kernel(64, True, True, True, False, False, True,
+                            forward.fma_block_n(64, 8))
+    assert len(set(seen)) == 6, seen
+    seen = _captured_configs(monkeypatch, decode)
+    decode.make_decode_kernel(128, False, 4, False, False, True, False, False, False, True, False)
+    decode.make_decode_kernel(128, False, 4, True, False, True, False, False, False, True, False)
+    assert len(set(seen)) == 2, seen
+    seen = _captured_configs(monkeypatch, decode_mma)
+    args = (128, False, False, False, True, False, False, False, True, False, 32, 2, 1)
+    decode_mma.make_mma_decode_kernel(*args)
+    decode_mma.make_mma_decode_kernel(*args, fold=True)
+    assert len(set(seen)) == 2, seen
+    seen = _captured_configs(monkeypatch, merge)
+    merge.make_merge_kernel(0, False)
+    merge.make_merge_kernel(0, True)
+    assert len(set(seen)) == 2, seen
