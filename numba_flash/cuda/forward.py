@@ -87,9 +87,9 @@ def mma_m_tiles(head_dim: int) -> int:
     forced = os.environ.get("NUMBA_FLASH_MMA_M_TILES")
     if forced and head_dim <= 128:
         return int(forced)
-    # At head_dim 128 two m-tiles need 32-key tiles and still exceed 255 registers (13 spill
-    # reloads per tile); one m-tile there is spill-free. See docs/perf-notes.md.
-    return 2 if head_dim <= 96 else 1
+    # Up to head_dim 128 (32-key tiles there, to fit 48 KB) two m-tiles are spill-free; at 256
+    # the Q tile alone would take 64 KB. See docs/perf-notes.md.
+    return 2 if head_dim <= 128 else 1
 
 
 def mma_block_m(head_dim: int) -> int:
@@ -205,13 +205,19 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     KW = DW if SWZ else DW + 4
     SWZ_MASK = 28 if SWZ else 0
     CPR = D // 8         # 16-byte chunks per row
-    # Tile copies: TPR threads share a row, thread `part` copying its chunks part, part + TPR,
-    # ...: one global pointer per thread (the chunks are immediate offsets from it) and TPR * 16
-    # contiguous bytes per row per warp instruction.
-    TPR = MMA_THREADS // BN
-    CPT = CPR // TPR
-    Q_TPR = MMA_THREADS // BM
-    Q_CPT = CPR // Q_TPR
+    # Tile copies: TPL consecutive threads cover a 16 * TPL-byte segment of a row (a whole
+    # 128-byte line when TPL = 8), RPP rows per pass; thread `part` copies chunk part of each
+    # segment of its rows cp_row + RPP * pass. Per pass one global row pointer (the segments
+    # are immediate offsets from it) and one bounds predicate; its shared-memory addresses are
+    # one register plus immediates (RPP is a multiple of 8, so the swizzle is the same in every
+    # pass); 8 consecutive lanes write 8 distinct bank groups; a warp instruction touches 4
+    # whole lines of global memory (one chunk per row and lane touched 16 lines and ran slower).
+    TPL = 8 if CPR % 8 == 0 else 4
+    RPP = MMA_THREADS // TPL
+    NSEG = CPR // TPL
+    KV_PASSES = BN // RPP
+    Q_PASSES = BM // RPP
+    assert BN % RPP == 0 and BM % RPP == 0, (BN, BM, RPP)
     QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM else (1, 4)
     # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
     # an intrinsic object pickles differently in every process.
@@ -255,14 +261,9 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         v_col = (lane >> 4) * 4
         # Every ldmatrix row this lane addresses is = lane (mod 8): one swizzle term per thread.
         swz = SWZ_MASK & ((lane & 7) << 2)
-        # Tile-copy coordinates: 8 consecutive lanes take 8 consecutive rows at the same chunk,
-        # so their 16-byte shared-memory writes land on 8 distinct swizzled bank groups.
-        kv_row = ((tid >> 3) // TPR) * 8 + (tid & 7)
-        kv_part = (tid >> 3) % TPR
-        q_row = ((tid >> 3) // Q_TPR) * 8 + (tid & 7)
-        q_part = (tid >> 3) % Q_TPR
-        kv_swz = SWZ_MASK & ((tid & 7) << 2)
-        q_swz = kv_swz
+        cp_row = tid // TPL                      # tile-copy coordinates (see TPL above)
+        cp_part = tid % TPL
+        cp_swz = SWZ_MASK & ((cp_row & 7) << 2)
 
         if SIMULATOR:  # the simulator rejects an alignment argument
             ks = cuda.shared.array((BN, KW), types.uint32)
@@ -357,18 +358,22 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
         if tile <= last:
             if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
-                qrow = qtile * BM + q_row
-                q_ok = qrow < seqlen_q
-                q_src = q_off + qrow if q_ok else 0
-                for it in range(Q_CPT):
-                    c = (it * Q_TPR + q_part) * 4
-                    cp_async16(qs, q_row, c ^ q_swz, q, ab, q_src, h, c, 16 if q_ok else 0)
-            key = tile * BN + kv_row
-            ok = key < seqlen_k
-            src = k_off + key if ok else 0
-            for it in range(CPT):
-                c = (it * TPR + kv_part) * 4
-                cp_async16(ks, kv_row, c ^ kv_swz, k, ab, src, hk, c, 16 if ok else 0)
+                for ps in range(Q_PASSES):
+                    qrow = qtile * BM + cp_row + ps * RPP
+                    q_ok = qrow < seqlen_q
+                    q_src = q_off + qrow if q_ok else 0
+                    for sg in range(NSEG):
+                        c = (sg * TPL + cp_part) * 4
+                        cp_async16(qs, cp_row + ps * RPP, c ^ cp_swz, q, ab, q_src, h, c,
+                                   16 if q_ok else 0)
+            for ps in range(KV_PASSES):
+                key = tile * BN + cp_row + ps * RPP
+                ok = key < seqlen_k
+                src = k_off + key if ok else 0
+                for sg in range(NSEG):
+                    c = (sg * TPL + cp_part) * 4
+                    cp_async16(ks, cp_row + ps * RPP, c ^ cp_swz, k, ab, src, hk, c,
+                               16 if ok else 0)
             cp_async_commit()
 
         while tile <= last:
@@ -400,12 +405,14 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
 
             cp_async_wait_all()
             cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
-            key = k0 + kv_row
-            ok = key < seqlen_k
-            src = k_off + key if ok else 0
-            for it in range(CPT):
-                c = (it * TPR + kv_part) * 4
-                cp_async16(vs, kv_row, c ^ kv_swz, v, ab, src, hk, c, 16 if ok else 0)
+            for ps in range(KV_PASSES):
+                key = k0 + cp_row + ps * RPP
+                ok = key < seqlen_k
+                src = k_off + key if ok else 0
+                for sg in range(NSEG):
+                    c = (sg * TPL + cp_part) * 4
+                    cp_async16(vs, cp_row + ps * RPP, c ^ cp_swz, v, ab, src, hk, c,
+                               16 if ok else 0)
             cp_async_commit()
 
             # S = Q K^T: NS independent 16x8 accumulators per m-tile; each K fragment feeds the
@@ -550,12 +557,14 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             cp_async_wait_all()
             cuda.syncthreads()  # V tile landed; every warp is done with K
             if nxt <= last:
-                key = nxt * BN + kv_row
-                ok = key < seqlen_k
-                src = k_off + key if ok else 0
-                for it in range(CPT):
-                    c = (it * TPR + kv_part) * 4
-                    cp_async16(ks, kv_row, c ^ kv_swz, k, ab, src, hk, c, 16 if ok else 0)
+                for ps in range(KV_PASSES):
+                    key = nxt * BN + cp_row + ps * RPP
+                    ok = key < seqlen_k
+                    src = k_off + key if ok else 0
+                    for sg in range(NSEG):
+                        c = (sg * TPL + cp_part) * 4
+                        cp_async16(ks, cp_row + ps * RPP, c ^ cp_swz, k, ab, src, hk, c,
+                                   16 if ok else 0)
                 cp_async_commit()
 
             # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits;
