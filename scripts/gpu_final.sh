@@ -6,7 +6,9 @@
 #   (c) scripts/bench_forward.py (the shapes, fp16 and bf16, SDPA and naive CuPy peers);
 #   (d) scripts/bench_exact.py (fp32 / fp64 kernels against SDPA and naive CuPy; OLD_TREE=dir
 #       also times the kernels of an older checkout's numba_flash in a second process);
-#   (e) scripts/bench_masks.py: the mask set, fp16, with FlexAttention and SDPA.
+#   (e) scripts/bench_masks.py: the mask set, fp16, with FlexAttention and SDPA;
+#   (f) with DECODE=1: scripts/bench_decode.py's table (every shape, fp16 / bf16, contiguous and
+#       paged caches, SDPA flash / cuDNN peers); DECODE_ARGS adds options.
 # Each step has its own time limit; logs in $OUT, packed into logs.tar.gz at the end.
 #   bash scripts/gpu_final.sh            (SKIP_PRELUDE=1: environment ready; TESTS_ONLY=1: (a), (b))
 set -uo pipefail
@@ -19,13 +21,13 @@ fi
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; } | tee "$OUT/device.txt"
 
 echo "=== (a) tests + (b) sanitizers $(date +%T)"
-xdist="-n 10"
+xdist="-n ${WORKERS:-8}"
 python3 -c "import xdist" 2>/dev/null || xdist=""
 ( timeout "${TEST_LIMIT:-200}" python3 -m pytest -q $xdist -p no:cacheprovider --durations=5 \
-    tests/test_cuda_forward.py tests/test_cuda_masks.py tests/test_varlen.py tests/test_mask_mod.py \
+    ${TEST_FILES:-tests/test_cuda_forward.py tests/test_cuda_masks.py tests/test_varlen.py tests/test_mask_mod.py tests/test_decode.py tests/test_merge_api.py tests/test_jitcache.py} \
     > "$OUT/tests.log" 2>&1
   echo "tests rc=$?" >> "$OUT/tests.log" ) &
-for case in sanitize_case sanitize_masks; do
+for case in sanitize_case sanitize_masks sanitize_decode; do
   for tool in memcheck racecheck; do
     ( timeout "${TEST_LIMIT:-200}" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 \
         python3 scripts/$case.py > "$OUT/${case}_$tool.log" 2>&1
@@ -57,6 +59,12 @@ fi
 echo "=== (e) bench_masks set $(date +%T)"
 timeout "${MASKS_LIMIT:-100}" python3 scripts/bench_masks.py --reps 3 --dtypes float16 --no-sweep --no-naive \
   --json "$OUT/bench_masks_set.json" 2>&1 | tee "$OUT/bench_masks_set.log" | tail -30
+
+if [ "${DECODE:-0}" = 1 ]; then
+  echo "=== (f) bench_decode $(date +%T)"
+  timeout "${DECODE_LIMIT:-240}" python3 scripts/bench_decode.py ${DECODE_ARGS:-} --out "$OUT/bench_decode.json" \
+    --plot "$OUT/bench_decode.png" 2>&1 | tee "$OUT/bench_decode.log" | tail -45
+fi
 
 echo "=== done $(date +%T)"
 cd "$OUT" && tar czf logs.tar.gz *.log *.json *.png 2>/dev/null

@@ -248,7 +248,7 @@ def test_gpu_mask_memory_through_device_free_memory():
     """What a mask costs on the device, read from the driver's free memory: column intervals
     O(N) (16 bytes per key + 32 per key tile: about 1 MiB at N = 65536, where a bitmask would
     take 512 MiB); a packed bitmask N^2 / 8 bytes plus one byte per tile. Other test processes
-    may share the GPU: bounds leave room for their traffic (median of 3 for intervals)."""
+    may share the GPU: bounds leave room for their traffic (median of 3 runs)."""
     from numba import cuda
 
     from numba_flash.cuda.maskplan import plan_mask
@@ -272,9 +272,11 @@ def test_gpu_mask_memory_through_device_free_memory():
         assert plan.iv.nbytes + plan.mm.nbytes == 16 * n + 32 * (n // 64)
     assert sorted(b for b, _ in runs)[1] <= 16 * MiB, runs
     n = 16384
-    nbytes, plan = used(masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9), n)
-    assert plan.bits.nbytes == n * n // 8
-    assert 24 * MiB <= nbytes <= 48 * MiB, nbytes
+    runs = [used(masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9 - i), n) for i in range(3)]
+    for _, plan in runs:
+        assert plan.bits.nbytes == n * n // 8
+    nbytes = sorted(b for b, _ in runs)[1]
+    assert 24 * MiB <= nbytes <= 48 * MiB, [b for b, _ in runs]
 
 
 @gpu
