@@ -125,6 +125,8 @@ def main():
                          "num_splits) on the contiguous fp16 cases; fold 0 = separate merge")
     ap.add_argument("--tile-shapes", default="", help="indices into SHAPES for the tile sweep")
     ap.add_argument("--tile-splits", default="", help="split counts for the tile sweep")
+    ap.add_argument("--tile-wps", default="",
+                    help="warps per multiprocessor for the tile sweep's split counts, e.g. 2,3,4,6")
     ap.add_argument("--tile-pages", default="none",
                     help="cache layouts of the tile sweep: none (contiguous) and/or page sizes")
     ap.add_argument("--no-table", action="store_true", help="tile sweep only")
@@ -247,6 +249,9 @@ def tile_sweep(args, copy_bw, save, out):
                 auto = dec.auto_num_splits_mma(units, L, sms, dec.MMA_WARPS_PER_SM_PAGED, 0)
             if args.tile_splits:
                 splits = sorted({int(x) for x in args.tile_splits.split(",")})
+            elif args.tile_wps:     # the split counts that give these warps per multiprocessor
+                splits = sorted({dec.auto_num_splits_mma(units, L, sms, int(w), 0)
+                                 for w in args.tile_wps.split(",")})
             elif page is None:
                 splits = sorted({auto, max(1, auto // 2), 2 * auto, max(1, auto * 3 // 4),
                                  auto * 3 // 2})

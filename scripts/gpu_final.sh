@@ -7,6 +7,7 @@
 #   (d) scripts/bench_exact.py (fp32 / fp64 kernels against SDPA and naive CuPy; OLD_TREE=dir
 #       also times the kernels of an older checkout's numba_flash in a second process);
 #   (e) scripts/bench_masks.py: the mask set, fp16, with FlexAttention and SDPA;
+#   (g) with MASK_SWEEP=1: the mask sparsity sweep at N=32768 (time against block sparsity, R^2);
 #   (f) with DECODE=1: scripts/bench_decode.py's table (every shape, fp16 / bf16, contiguous and
 #       paged caches, SDPA flash / cuDNN peers); DECODE_ARGS adds options.
 # Each step has its own time limit; logs in $OUT, packed into logs.tar.gz at the end.
@@ -42,7 +43,20 @@ for f in "$OUT"/sanitize_*.log; do
   tail -2 "$f"
 done
 
-if [ "${TESTS_ONLY:-0}" = 1 ]; then cd "$OUT" && tar czf logs.tar.gz *.log; exit 0; fi
+summary() {   # the end of the output is what comes back: the verdicts last
+  echo "=== summary $(date +%T)"
+  grep -E "passed|failed|rc=" "$OUT/tests.log" | tail -3
+  grep -h "^FAILED\|^ERROR" "$OUT/tests.log" | head -20
+  for f in "$OUT"/sanitize_*.log; do
+    echo "$(basename $f): $(grep -c '^========= [A-Z]' $f) reports; $(tail -1 $f)"
+  done
+  # at most 8 files come back from $OUT: everything in one archive, the JSONs beside it
+  cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz * && find . -maxdepth 1 -type f \
+    ! -name logs.tar.gz ! -name 'bench_*.json' ! -name 'bench_*.png' -delete
+  ls "$OUT"
+}
+if [ "${TESTS_ONLY:-0}" = 1 ]; then summary; exit 0; fi
+if [ "${FORWARD:-1}" = 1 ]; then
 
 echo "=== (c) bench_forward $(date +%T)"
 timeout "${BENCH_LIMIT:-130}" python3 scripts/bench_forward.py --out "$OUT/bench_forward.json" \
@@ -60,6 +74,13 @@ echo "=== (e) bench_masks set $(date +%T)"
 timeout "${MASKS_LIMIT:-100}" python3 scripts/bench_masks.py --reps 3 --dtypes float16 --no-sweep --no-naive \
   --json "$OUT/bench_masks_set.json" 2>&1 | tee "$OUT/bench_masks_set.log" | tail -30
 
+fi
+if [ "${MASK_SWEEP:-0}" = 1 ]; then
+  echo "=== (g) bench_masks sparsity sweep $(date +%T)"
+  timeout "${SWEEP_LIMIT:-150}" python3 scripts/bench_masks.py --reps 3 --dtypes float16 --no-set --no-naive \
+    --no-sdpa --json "$OUT/bench_masks_sweep.json" --png "$OUT/bench_masks_sweep.png" 2>&1 \
+    | tee "$OUT/bench_masks_sweep.log" | grep -v Warn | tail -12
+fi
 if [ "${DECODE:-0}" = 1 ]; then
   echo "=== (f) bench_decode $(date +%T)"
   timeout "${DECODE_LIMIT:-240}" python3 scripts/bench_decode.py ${DECODE_ARGS:-} --out "$OUT/bench_decode.json" \
@@ -67,4 +88,4 @@ if [ "${DECODE:-0}" = 1 ]; then
 fi
 
 echo "=== done $(date +%T)"
-cd "$OUT" && tar czf logs.tar.gz *.log *.json *.png 2>/dev/null
+summary

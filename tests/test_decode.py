@@ -125,6 +125,8 @@ CASES = [
     ("bfloat16", 1, 1, 1, 1, 32, 70, [70], 16, {"softcap": 3.0, "num_splits": 3}),
     ("float16", 2, 5, 2, 1, 32, 24, [20, 9], 4, {"parents": [-1, 0, 0, 1, 1]}),  # draft tree
     ("float16", 1, 4, 2, 2, 32, 20, [19], None, {"causal": False, "window": (5, 1)}),
+    # 32-row pages, wider than a tile; the window starts tiles mid-page (fast copies at offsets)
+    ("float16", 2, 1, 4, 2, 64, 96, [96, 70], 32, {"window": (37, -1), "num_splits": 2}),
 ]
 
 
@@ -276,10 +278,12 @@ def _paged_copy(rng, k, v, page):
 @pytest.mark.parametrize("page, opts", [
     (8, dict(num_splits=3)),
     (6, dict(num_splits=2, window_size=(17, -1), sinks=3)),      # sinks: the virtual axis jumps
+    (16, dict(num_splits=2, window_size=(21, -1))),              # fast copies, unaligned tiles
 ])
 def test_paged_same_bits_as_contiguous(monkeypatch, page, opts):
     """With one tile, paged and contiguous caches run the same arithmetic: identical bits
-    (shuffled pages, a page size that is not a power of two, sinks, ragged ends)."""
+    (shuffled pages, a page size that is not a power of two, sinks, ragged ends, a power of
+    two whose aligned tiles take the fast copy and unaligned ones the general one)."""
     monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", "16,3,1")
     rng = np.random.default_rng(page)
     b, hq, hkv, d, smax = 2, 4, 2, 32, 48 if SIMULATOR else 4800

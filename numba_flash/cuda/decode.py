@@ -524,7 +524,13 @@ def _pdl_wanted() -> bool:
     cost up to 17 points of bandwidth where the grid leaves room on the multiprocessors (the
     next grid's blocks settle there early and unevenly; docs/decode.md). The kernel waits on
     griddepcontrol on every sm_90+ device either way: the variable only changes the launch."""
-    return os.environ.get("NUMBA_FLASH_DECODE_PDL", "0") == "1"
+    return os.environ.get("NUMBA_FLASH_DECODE_PDL", "0") in ("1", "2")
+
+
+def _pdl_late() -> bool:
+    """NUMBA_FLASH_DECODE_PDL=2: programmatic dependent launch with the trigger after the key
+    loop (the next grid is placed during this one's tail) instead of at the kernel's start."""
+    return os.environ.get("NUMBA_FLASH_DECODE_PDL", "0") == "2"
 
 
 _PDL_DEVICES: dict = {}
@@ -787,6 +793,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         page_size = 1
         capacity = k_cache.shape[1]
     page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
+    page_pow2 = page_size if paged and page_shift >= 0 else 0
 
     left, right, has_left, has_right, has_sinks, has_softcap = launch.window_flags(
         causal, window_size, sinks, softcap)
@@ -853,7 +860,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
                   o_part if not direct else o_part_arg, lse_part if not direct else lse_part_arg)
         config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
                   has_tree, direct, bool(return_lse), block_n, stages, warps, not direct,
-                  _pdl_device(device))
+                  _pdl_device(device), page_pow2, _pdl_late())
         ints = (ratio, chunks, splits)
         floats = (scale * log2e, scale / cap, cap * log2e)
         ints2 = (left, right, int(sinks), tree_len, page_size, page_shift)
@@ -882,7 +889,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
                 if fold else _dummy(kind, device, (1,), np.int32)
             kern = mma_decode_kernel(head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                                      has_softcap, has_tree, direct, bool(return_lse), block_n,
-                                     stages, warps, fold)
+                                     stages, warps, fold, False, page_pow2)
             kern[(-(-splits // warps), batch, heads_kv * chunks), 32 * warps, launch_stream](
                 qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
                 counters, ratio, chunks, splits, f32(scale * log2e), f32(scale / cap),

@@ -28,7 +28,7 @@ from numba import cuda
 from numba.cuda import types
 
 from .jitcache import jit_kernel
-from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
+from .warp import (SIMULATOR, cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
                    cp_async_wait_3, exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16,
                    shfl_xor, syncwarp)
 
@@ -83,7 +83,8 @@ def mma_smem_bytes(head_dim: int, block_n: int, stages: int, warps: int) -> int:
 def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: bool,
                            has_right: bool, has_sinks: bool, has_softcap: bool, has_tree: bool,
                            direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
-                           fold: bool = False, pdl: bool = False):
+                           fold: bool = False, pdl: bool = False, page_pow2: int = 0,
+                           pdl_late: bool = False):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
@@ -106,6 +107,15 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     next launch made with programmatic stream serialization is scheduled while this one runs
     and waits in its own prologue instead of paying the launch gap after it.
 
+    ``pdl_late``: signal ``launch_dependents`` after the key loop instead of at the start, so
+    the next grid's blocks are placed while this one merges and writes (its tail), not while
+    it loads.
+
+    ``page_pow2``: the page size when paged caches use a power-of-two page (else 0). Tiles
+    whose keys are all valid, consecutive (past the sinks) and inside one page (or whole
+    pages) then copy from offsets computed once per lane plus one ``block_table`` load per
+    page of the tile (the "fast copy"); other tiles take the general per-copy lookup.
+
     Grid ``(ceil(n_splits / warps), B, Hkv * row_chunks)``, ``32 * warps`` threads;
     ``block_n`` a multiple of 16, ``stages`` in 2..4, within 48 KB of static shared memory.
     """
@@ -126,6 +136,15 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     BF16 = bool(is_bf16)
     FOLD = bool(fold) and not direct
     PDL = bool(pdl)
+    PDL_LATE = PDL and bool(pdl_late)
+    # Fast copy (see the docstring): lanes cover whole rows, RPI rows per warp instruction.
+    RPI = 32 // CPR if 32 % CPR == 0 else 0
+    PAGE = int(page_pow2) if paged else 0
+    PSHIFT = PAGE.bit_length() - 1 if PAGE else 0
+    FAST = RPI > 0 and (not paged or (PAGE > 0 and PAGE % RPI == 0
+                                        and (PAGE >= BN or BN % PAGE == 0)))
+    NPG = BN // PAGE if 0 < PAGE < BN else 1        # pages per tile on the fast path
+    ALIGN = min(PAGE, BN) if PAGE else 1
     NEG_INF = -math.inf
     if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4 or mma_smem_bytes(D, BN, S, NW) > 49152:
         raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, warps {NW} at "
@@ -137,7 +156,8 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                window_left, window_right, sinks, tree_len, page_size, page_shift):
         if PDL:
             grid_dependency_wait()
-            grid_launch_dependents()
+            if not PDL_LATE:
+                grid_launch_dependents()
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -248,18 +268,71 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
             n_tiles = (v_end - v_start + BN - 1) // BN
         tree_start = n - tree_len
 
+        if FAST:
+            # Element offsets of this lane's first row and column in K and V (the tile's
+            # key row and page are added per tile, the row step per copy).
+            lrow = lane // CPR
+            lcol = (lane - lrow * CPR) * 4
+            ksr = np.int64(k.strides[1] // 4)
+            vsr = np.int64(v.strides[1] // 4)
+            kl = hk * np.int64(k.strides[2] // 4) + lcol + lrow * ksr
+            vl = hk * np.int64(v.strides[2] // 4) + lcol + lrow * vsr
+            if not paged:
+                kl += b * np.int64(k.strides[0] // 4)
+                vl += b * np.int64(v.strides[0] // 4)
+            ksp = np.int64(k.strides[0] // 4)
+            vsp = np.int64(v.strides[0] // 4)
+            n_pages = k.shape[0]
+
         m0 = np.float32(NEG_INF)
         m1 = np.float32(NEG_INF)
         l0 = np.float32(0.0)
         l1 = np.float32(0.0)
         ring = warp * S * BN
+        kstart = 0
 
         # Step `step` issues tile `step` and consumes tile `step - S + 1`: S - 1 tiles in flight.
         for step in range(n_tiles + S - 1):
             syncwarp()        # every lane is done reading the buffer about to be refilled
+            fast_tile = False
             if step < n_tiles:
                 t0 = v_start + step * BN
                 dst0 = ring + (step % S) * BN
+                if FAST:
+                    kstart = t0 - ns + lo
+                    fast_tile = t0 + BN <= v_end and t0 >= ns
+                    if paged:
+                        if PAGE >= BN:
+                            fast_tile = fast_tile and (kstart & (PAGE - 1)) <= PAGE - BN
+                        else:
+                            fast_tile = fast_tile and (kstart & (ALIGN - 1)) == 0
+            if fast_tile:
+                if paged:
+                    for pi in range(NPG):
+                        page = block_table[b, (kstart >> PSHIFT) + pi]
+                        if page < 0 or page >= n_pages:
+                            page = 0          # memory safety only (see check_indices)
+                        kb = page * ksp + kl
+                        vb = page * vsp + vl
+                        if PAGE >= BN:
+                            kb += (kstart & (PAGE - 1)) * ksr
+                            vb += (kstart & (PAGE - 1)) * vsr
+                        for it2 in range(LOADS // NPG):
+                            rr = (pi * (LOADS // NPG) + it2) * RPI
+                            r = rr + lrow
+                            dc = lcol ^ (SWZ_MASK & ((r & 7) << 2))
+                            pr = rr - pi * (BN // NPG)
+                            cp_async16_at(ks, dst0 + r, dc, k, kb + pr * ksr, 16)
+                            cp_async16_at(vs, dst0 + r, dc, v, vb + pr * vsr, 16)
+                else:
+                    kb = kstart * ksr + kl
+                    vb = kstart * vsr + vl
+                    for it in range(LOADS):
+                        r = it * RPI + lrow
+                        dc = lcol ^ (SWZ_MASK & ((r & 7) << 2))
+                        cp_async16_at(ks, dst0 + r, dc, k, kb + (it * RPI) * ksr, 16)
+                        cp_async16_at(vs, dst0 + r, dc, v, vb + (it * RPI) * vsr, 16)
+            elif step < n_tiles:
                 for it in range(LOADS):
                     i = it * 32 + lane
                     r = i // CPR
@@ -430,6 +503,8 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                         acc[dn * 4 + 2] = c2
                         acc[dn * 4 + 3] = c3
 
+        if PDL_LATE:
+            grid_launch_dependents()
         l0 += shfl_xor(l0, 1)
         l0 += shfl_xor(l0, 2)
         l1 += shfl_xor(l1, 1)
@@ -560,4 +635,4 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
 
     return _jit(kernel, ("decode_mma", head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                          has_softcap, has_tree, direct, write_lse, block_n, stages, warps, fold,
-                         pdl))
+                         pdl, PAGE, PDL_LATE))

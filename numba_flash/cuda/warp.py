@@ -34,7 +34,7 @@ from numba.cuda import config
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 __all__ = ["SIMULATOR", "mma_f16", "mma_bf16", "pack_f16", "pack_bf16", "exp2", "shfl_xor",
-           "mma16", "pack16", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async16", "cp_async_commit", "cp_async_wait_all",
+           "mma16", "pack16", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async16", "cp_async16_at", "cp_async_commit", "cp_async_wait_all",
            "ballot", "lowest_bit"]
 
 if not SIMULATOR:
@@ -158,6 +158,29 @@ if not SIMULATOR:
             g = _item_pointer_i64(context, builder, sig.args[3], args[3], sig.args[4:8], args[4:8])
             n = context.cast(builder, args[8], sig.args[8], types.int32)
             fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(64), ir.IntType(32)])
+            asm = ir.InlineAsm(fnty, _TO_SHARED % (0, "cp.async.cg.shared.global [s], [$1], 16, $2;"),
+                               "l,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [d, g, n])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async16_at(typingctx, dst, di, dj, src, word_offset, src_bytes):
+        """16 bytes from ``src``'s first element + ``word_offset`` elements (global; the caller
+        computes the offset from the strides, so no per-copy index arithmetic) to ``&dst[di,
+        dj]`` (shared)."""
+        sig = types.void(dst, di, dj, src, word_offset, src_bytes)
+
+        def codegen(context, builder, sig, args):
+            d = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:3], args[1:3])
+            ary = context.make_array(sig.args[3])(context, builder, args[3])
+            i64 = ir.IntType(64)
+            off = context.cast(builder, args[4], sig.args[4], types.int64)
+            size = context.get_constant(types.int64, sig.args[3].dtype.bitwidth // 8)
+            g = builder.add(builder.ptrtoint(ary.data, i64), builder.mul(off, size))
+            n = context.cast(builder, args[5], sig.args[5], types.int32)
+            fnty = ir.FunctionType(ir.VoidType(), [i64, i64, ir.IntType(32)])
             asm = ir.InlineAsm(fnty, _TO_SHARED % (0, "cp.async.cg.shared.global [s], [$1], 16, $2;"),
                                "l,l,r,~{memory}", side_effect=True)
             builder.call(asm, [d, g, n])
@@ -339,6 +362,14 @@ else:
         """Copy 4 words ``src[s0, s1, s2, s3:s3+4]`` to ``dst[di, dj:dj+4]`` (zeros if src_bytes 0)."""
         for e in range(4):
             dst[di, dj + e] = src[s0, s1, s2, s3 + e] if src_bytes else 0
+
+    def cp_async16_at(dst, di, dj, src, word_offset, src_bytes):
+        """Copy 4 elements at ``word_offset`` elements past ``src``'s first one (any strides)."""
+        a = np.asarray(getattr(src, "_ary", src))
+        off = int(word_offset)
+        flat = np.lib.stride_tricks.as_strided(a, shape=(off + 4,), strides=(a.itemsize,))
+        for e in range(4):
+            dst[di, dj + e] = flat[off + e] if src_bytes else 0
 
     def cp_async_commit():
         """Close the current group of asynchronous copies (a no-op in the simulator)."""
