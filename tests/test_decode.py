@@ -249,15 +249,19 @@ def test_geometry_and_split_heuristic():
     assert auto_num_splits_mma(units=8, keys=131072, sm_count=132, warps_per_sm=8,
                                short_keys=0) == 128                         # paged: capped
     assert auto_num_splits_mma(units=128, keys=16384, sm_count=132) == 3
+    assert auto_num_splits_mma(units=64, keys=32768, sm_count=132, warps_per_sm=4,
+                               short_keys=0) == 8                           # paged, pages 2^k
     assert auto_num_splits_mma(units=512, keys=4096, sm_count=132) == 1
     assert auto_num_splits_mma(units=1, keys=300, sm_count=132) == 1
 
 
 def test_mma_tile_choice(monkeypatch):
-    """Contiguous caches: 32-key tiles, 2 stages; paged: 16 x 3; the variable overrides."""
+    """32-key tiles, 2 stages (paged caches too, unless the page size is not a power of two:
+    16 x 3); the variable overrides."""
     monkeypatch.delenv("NUMBA_FLASH_DECODE_TILE", raising=False)
     assert mma_tile(128) == (32, 2, 1)
-    assert mma_tile(128, paged=True) == (16, 3, 1)
+    assert mma_tile(128, paged=True) == (32, 2, 1)
+    assert mma_tile(128, paged=True, pow2_pages=False) == (16, 3, 1)
     monkeypatch.setenv("NUMBA_FLASH_DECODE_TILE", "48,2,1")
     assert mma_tile(128) == (48, 2, 1) and mma_tile(128, paged=True) == (48, 2, 1)
 

@@ -492,13 +492,17 @@ def auto_num_splits(blocks: int, keys: int, sm_count: int) -> int:
 
 _MMA_KERNELS: dict = {}
 # (keys per tile, cp.async stages, warps per block) and the warps per multiprocessor "auto"
-# aims at, from the H100 sweeps in docs/decode.md. Paged caches look every key's page up before
-# its copy can start, which adds a dependent load per tile: they keep three stages (two tiles
-# in flight) and more warps.
+# aims at, from the H100 and H200 sweeps in docs/decode.md. Paged caches (power-of-two pages
+# take the same fast copies as contiguous ones, plus one block_table load per page of a tile)
+# use the same tile and one more warp per multiprocessor to cover that load.
 MMA_TILE = (32, 2, 1)
 MMA_WARPS_PER_SM = 3
-MMA_TILE_PAGED = (16, 3, 1)
-MMA_WARPS_PER_SM_PAGED = 8
+MMA_TILE_PAGED = (32, 2, 1)
+MMA_WARPS_PER_SM_PAGED = 4
+# Page sizes that are not powers of two look every key's page up per copy (an integer division
+# and a dependent load): instruction-bound, they keep 16-key tiles, three stages and more warps.
+MMA_TILE_PAGED_ANY = (16, 3, 1)
+MMA_WARPS_PER_SM_PAGED_ANY = 8
 SHORT_SPLIT_KEYS = 1024      # fewer keys per split than this: one more warp per SM
 
 
@@ -508,14 +512,17 @@ def _use_mma(head_dim: int) -> bool:
         os.environ.get("NUMBA_FLASH_DECODE_KERNEL", "mma") != "fma"
 
 
-def mma_tile(head_dim: int, paged: bool = False) -> tuple[int, int, int]:
-    """(block_n, stages, warps) of the tensor-core kernel; NUMBA_FLASH_DECODE_TILE="32,2,1"
-    overrides it (tuning runs)."""
+def mma_tile(head_dim: int, paged: bool = False, pow2_pages: bool = True
+             ) -> tuple[int, int, int]:
+    """(block_n, stages, warps) of the tensor-core kernel (``pow2_pages``: the page size of a
+    paged cache is a power of two); NUMBA_FLASH_DECODE_TILE="32,2,1" overrides it (tuning)."""
     forced = os.environ.get("NUMBA_FLASH_DECODE_TILE")
     if forced:
         bn, st, nw = (int(x) for x in forced.split(","))
         return bn, st, nw
-    return MMA_TILE_PAGED if paged else MMA_TILE
+    if paged:
+        return MMA_TILE_PAGED if pow2_pages else MMA_TILE_PAGED_ANY
+    return MMA_TILE
 
 
 def _pdl_wanted() -> bool:
@@ -779,8 +786,9 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     ratio = heads_q // heads_kv
     m_rows = ratio * seqlen_q
     use_mma = _use_mma(head_dim)
+    pow2_pages = not paged or k_cache.shape[1] & (k_cache.shape[1] - 1) == 0
     if use_mma:
-        block_n, stages, warps = mma_tile(head_dim, paged)
+        block_n, stages, warps = mma_tile(head_dim, paged, pow2_pages)
         chunks = -(-m_rows // MMA_ROWS)
         rows = MMA_ROWS
     else:
@@ -805,8 +813,9 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
             keys = min(keys, left + seqlen_q + max(right, 0) + int(sinks))
         if use_mma:
             if paged:
+                wps = MMA_WARPS_PER_SM_PAGED if pow2_pages else MMA_WARPS_PER_SM_PAGED_ANY
                 splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device),
-                                             MMA_WARPS_PER_SM_PAGED, 0)
+                                             wps, 0)
             else:
                 splits = auto_num_splits_mma(batch * heads_kv * chunks, keys, _sm_count(device))
         else:
