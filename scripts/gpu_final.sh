@@ -8,6 +8,7 @@
 #       also times the kernels of an older checkout's numba_flash in a second process);
 #   (e) scripts/bench_masks.py: the mask set, fp16, with FlexAttention and SDPA;
 #   (g) with MASK_SWEEP=1: the mask sparsity sweep at N=32768 (time against block sparsity, R^2);
+#   (h) with PROBE=1: scripts/decode_short_probe.py back to back and under ncu (kernel durations);
 #   (f) with DECODE=1: scripts/bench_decode.py's table (every shape, fp16 / bf16, contiguous and
 #       paged caches, SDPA flash / cuDNN peers); DECODE_ARGS adds options.
 # Each step has its own time limit; logs in $OUT, packed into logs.tar.gz at the end.
@@ -80,6 +81,22 @@ if [ "${MASK_SWEEP:-0}" = 1 ]; then
   timeout "${SWEEP_LIMIT:-150}" python3 scripts/bench_masks.py --reps 3 --dtypes float16 --no-set --no-naive \
     --no-sdpa --json "$OUT/bench_masks_sweep.json" --png "$OUT/bench_masks_sweep.png" 2>&1 \
     | tee "$OUT/bench_masks_sweep.log" | grep -v Warn | tail -12
+fi
+if [ "${PROBE:-0}" = 1 ]; then
+  echo "=== (h) short decode call: back to back, then each kernel's own duration (ncu) $(date +%T)"
+  (cd scripts && timeout 60 python3 decode_short_probe.py 2>&1 | grep -v "Warn\|warn(" | tee "$OUT/probe.log")
+  (cd scripts && timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+     python3 decode_short_probe.py --calls 3 > "$OUT/probe_ncu.csv" 2> "$OUT/probe_ncu.err")
+  timeout 60 python3 scripts/decode_host_profile.py > "$OUT/host_profile.log" 2>&1
+  head -1 "$OUT/host_profile.log"
+  python3 - "$OUT/probe_ncu.csv" <<'PY' | tee -a "$OUT/probe.log"
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head, body = rows[0], rows[1:]
+ki, ui, vi = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+for r in body:
+    print(f"{r[ki][:60]:60s} {r[vi]:>10s} {r[ui]}")
+PY
 fi
 if [ "${DECODE:-0}" = 1 ]; then
   echo "=== (f) bench_decode $(date +%T)"

@@ -44,6 +44,7 @@ from numba import cuda
 from numba.cuda import types
 
 from .decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
+from .decodedev import cache_slot, split_keys
 from .jitcache import jit_kernel
 from .warp import SIMULATOR, exp2, pack_bf16, pack_f16, shfl_xor
 
@@ -253,32 +254,9 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
             lrow[i] = np.float32(0.0)
 
         # Keys this chunk's rows may see: the window [lo, hi) plus sinks [0, ns) below it.
-        chunk_rows = min(R, m_rows - chunk * R)
-        if seqlen_q < chunk_rows:
-            q_lo = offset
-            q_hi = n - 1
-        else:
-            s0 = (chunk * R) % seqlen_q
-            s1 = (chunk * R + chunk_rows - 1) % seqlen_q
-            q_lo = offset + (s0 if s1 >= s0 else 0)
-            q_hi = offset + (s1 if s1 >= s0 else seqlen_q - 1)
-        lo = 0
-        hi = n
-        if has_left:
-            lo = max(0, q_lo - window_left)
-        if has_right:
-            hi = min(n, q_hi + window_right + 1)
-        if hi < lo:
-            hi = lo
-        ns = 0
-        if has_sinks:
-            ns = min(sinks, lo, q_hi + 1)
-            ns = max(ns, 0)
-        total = ns + hi - lo
-        per = (total + n_splits - 1) // n_splits
-        per = ((per + KPB - 1) // KPB) * KPB
-        v_start = split * per
-        v_end = min(total, v_start + per)
+        chunk_rows, q_lo, q_hi, lo, ns, v_start, v_end = split_keys(
+            chunk, R, m_rows, seqlen_q, n, has_left, has_right, has_sinks, window_left,
+            window_right, sinks, n_splits, split, KPB)
         tree_start = n - tree_len
 
         base = v_start + warp * KPW
@@ -288,21 +266,8 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
                 vk = base + u * GROUPS + kg
                 key = vk if vk < ns else vk - ns + lo
                 ok = vk < v_end
-                if paged:
-                    if page_shift >= 0:
-                        pg = key >> page_shift
-                        row = key - (pg << page_shift)
-                    else:
-                        pg = key // page_size
-                        row = key - pg * page_size
-                    page = block_table[b, pg] if ok else 0
-                    if page < 0 or page >= k.shape[0]:
-                        page = 0
-                        ok = False
-                    bi = page
-                else:
-                    row = key
-                    bi = b
+                bi, row, ok = cache_slot(paged, key, ok, b, block_table, k.shape[0], page_size,
+                                         page_shift)
                 for c in range(CH):
                     w = (sub + c * LPK) * 4
                     if ok:

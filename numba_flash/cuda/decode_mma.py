@@ -27,6 +27,7 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
+from .decodedev import cache_slot, split_keys
 from .jitcache import jit_kernel
 from .warp import (SIMULATOR, cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
                    cp_async_wait_3, exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16,
@@ -238,31 +239,9 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
             acc[i] = np.float32(0.0)
 
         # Keys the chunk's rows may see: the window [lo, hi) plus sinks [0, ns) below it.
-        chunk_rows = min(16, m_rows - chunk * 16)
-        if seqlen_q < chunk_rows:
-            q_lo = offset
-            q_hi = n - 1
-        else:
-            sa = (chunk * 16) % seqlen_q
-            sb = (chunk * 16 + chunk_rows - 1) % seqlen_q
-            q_lo = offset + (sa if sb >= sa else 0)
-            q_hi = offset + (sb if sb >= sa else seqlen_q - 1)
-        lo = 0
-        hi = n
-        if has_left:
-            lo = max(0, q_lo - window_left)
-        if has_right:
-            hi = min(n, q_hi + window_right + 1)
-        if hi < lo:
-            hi = lo
-        ns = 0
-        if has_sinks:
-            ns = max(0, min(sinks, lo, q_hi + 1))
-        total = ns + hi - lo
-        per = (total + n_splits - 1) // n_splits
-        per = ((per + BN - 1) // BN) * BN
-        v_start = split * per
-        v_end = min(total, v_start + per)
+        chunk_rows, q_lo, q_hi, lo, ns, v_start, v_end = split_keys(
+            chunk, 16, m_rows, seqlen_q, n, has_left, has_right, has_sinks, window_left,
+            window_right, sinks, n_splits, split, BN)
         n_tiles = 0
         if v_end > v_start:
             n_tiles = (v_end - v_start + BN - 1) // BN
@@ -340,21 +319,8 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                     vk = t0 + r
                     ok = vk < v_end
                     key = vk if vk < ns else vk - ns + lo
-                    if paged:
-                        if page_shift >= 0:
-                            pg = key >> page_shift
-                            row = key - (pg << page_shift)
-                        else:
-                            pg = key // page_size
-                            row = key - pg * page_size
-                        page = block_table[b, pg] if ok else 0
-                        if page < 0 or page >= k.shape[0]:
-                            page = 0
-                            ok = False
-                        bi = page
-                    else:
-                        row = key
-                        bi = b
+                    bi, row, ok = cache_slot(paged, key, ok, b, block_table, k.shape[0],
+                                             page_size, page_shift)
                     if not ok:
                         row = 0
                     dc = c ^ (SWZ_MASK & ((r & 7) << 2))

@@ -30,7 +30,7 @@ from numba import cuda
 from numba.cuda import types
 
 from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
-                      chunk_classes, interval_visible)
+                      chunk_classes, interval_visible, key_tiles)
 from .jitcache import jit_kernel
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
                    ldmatrix_x4_trans, lowest_bit, mma16, pack16, shfl_xor)
@@ -316,26 +316,9 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         # Key tiles this query tile can see (block-uniform): the window's tiles, plus sink tiles.
         q_lo = qtile * BM + offset
         q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
-        n_start = 0
-        n_end = seqlen_k
-        if has_left:
-            n_start = max(0, q_lo - window_left)
-        if has_right:
-            n_end = min(n_end, q_hi + window_right + 1)
-        tile_lo = n_start // BN
-        tile_hi = (n_end - 1) // BN
-        if n_end <= n_start:
-            tile_lo = 1
-            tile_hi = 0
-        first = tile_lo
-        last = tile_hi
-        sink_tiles = 0
-        if has_sinks:
-            sink_end = min(min(sinks, seqlen_k), q_hi + 1)
-            if sink_end > 0:
-                sink_tiles = (sink_end + BN - 1) // BN
-                first = 0
-                last = max(tile_hi, sink_tiles - 1)
+        tile_lo, tile_hi, first, last, sink_tiles = key_tiles(
+            q_lo, q_hi, seqlen_k, BN, has_left, has_right, has_sinks, window_left, window_right,
+            sinks)
 
         # Mask object: its skipped tiles are never loaded. Tiles are classified 32 at a time
         # (lane i: tile base + i) into block-uniform bit sets of visible / full tiles (warp
@@ -748,26 +731,9 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
 
         q_lo = qtile * BM + offset
         q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
-        n_start = 0
-        n_end = seqlen_k
-        if has_left:
-            n_start = max(0, q_lo - window_left)
-        if has_right:
-            n_end = min(n_end, q_hi + window_right + 1)
-        tile_lo = n_start // BN
-        tile_hi = (n_end - 1) // BN
-        if n_end <= n_start:
-            tile_lo = 1
-            tile_hi = 0
-        first = tile_lo
-        last = tile_hi
-        sink_tiles = 0
-        if has_sinks:
-            sink_end = min(min(sinks, seqlen_k), q_hi + 1)
-            if sink_end > 0:
-                sink_tiles = (sink_end + BN - 1) // BN
-                first = 0
-                last = max(tile_hi, sink_tiles - 1)
+        tile_lo, tile_hi, first, last, sink_tiles = key_tiles(
+            q_lo, q_hi, seqlen_k, BN, has_left, has_right, has_sinks, window_left, window_right,
+            sinks)
 
         r_lo = qtile * BM
         r_hi = min(r_lo + BM, seqlen_q)

@@ -12,10 +12,41 @@ from numba import cuda
 from .tiles import FULL, SKIP, interval_class
 from .warp import ballot
 
-__all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes",
+__all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes", "key_tiles",
            "interval_visible", "interval_visible2", "bit_visible", "always_visible"]
 
 NONE, INTERVALS, BITMASK, MASK_MOD = 0, 1, 2, 3
+
+
+@cuda.jit(device=True, inline=True)
+def key_tiles(q_lo, q_hi, seqlen_k, block_n, has_left, has_right, has_sinks, window_left,
+              window_right, sinks):
+    """Key tiles that query positions ``q_lo..q_hi`` (bottom-right aligned, in key
+    coordinates) can see through the window flags: ``(tile_lo, tile_hi, first, last,
+    sink_tiles)``. The window's tiles are ``tile_lo..tile_hi`` (empty: ``1, 0``); with sinks
+    the walk runs ``first = 0 .. last`` and tiles ``sink_tiles..tile_lo - 1`` hold no visible
+    pair. The ``has_*`` flags are compile-time constants of the calling kernel."""
+    n_start = 0
+    n_end = seqlen_k
+    if has_left:
+        n_start = max(0, q_lo - window_left)
+    if has_right:
+        n_end = min(n_end, q_hi + window_right + 1)
+    tile_lo = n_start // block_n
+    tile_hi = (n_end - 1) // block_n
+    if n_end <= n_start:
+        tile_lo = 1
+        tile_hi = 0
+    first = tile_lo
+    last = tile_hi
+    sink_tiles = 0
+    if has_sinks:
+        sink_end = min(min(sinks, seqlen_k), q_hi + 1)
+        if sink_end > 0:
+            sink_tiles = (sink_end + block_n - 1) // block_n
+            first = 0
+            last = max(tile_hi, sink_tiles - 1)
+    return tile_lo, tile_hi, first, last, sink_tiles
 
 
 @cuda.jit(device=True, inline=True)

@@ -1,0 +1,69 @@
+"""Where the time of a short decode call goes: the (1, 32, 32, 8192, 128) shape (44 us of
+K/V at 3 TB/s), ours (folded merge, and with the merge as a separate kernel) and SDPA's flash
+and cuDNN kernels, a few calls each.
+
+    python scripts/decode_short_probe.py            # per-call GPU time back to back (queue full)
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        python scripts/decode_short_probe.py --calls 3   # each kernel's own duration
+
+The difference between the two is what the launch gaps between back-to-back kernels cost.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import numba_flash
+from bench_decode import copy_bandwidth_gbs, gpu_time_ms, make_inputs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=0, help="plain calls per variant (for ncu)")
+    ap.add_argument("--shape", default="1,32,32,8192,128")
+    args = ap.parse_args()
+    b, hq, hkv, L, d = (int(x) for x in args.shape.split(","))
+    q, k, v, lens, _ = make_inputs(b, hq, hkv, L, d, "float16", None)
+    kv_bytes = 2 * b * L * hkv * d * 2
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def ours():
+        return numba_flash.decode(q, k, v, cache_seqlens=lens)
+
+    def ours_nofold():
+        os.environ["NUMBA_FLASH_DECODE_FOLD"] = "0"
+        try:
+            return numba_flash.decode(q, k, v, cache_seqlens=lens)
+        finally:
+            os.environ.pop("NUMBA_FLASH_DECODE_FOLD")
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        return run
+
+    variants = [("ours", ours), ("ours_nofold", ours_nofold),
+                ("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION)),
+                ("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
+    if args.calls:
+        for name, fn in variants:
+            for _ in range(args.calls):
+                fn()
+            torch.cuda.synchronize()
+        return
+    bw = copy_bandwidth_gbs()
+    print(f"shape {(b, hq, hkv, L, d)}; copy bandwidth {bw:.0f} GB/s; ideal "
+          f"{kv_bytes / bw / 1e3:.1f} us")
+    for name, fn in variants:
+        ms = gpu_time_ms(fn)
+        print(f"{name:12s} {1e3 * ms:7.1f} us per call back to back, "
+              f"{100 * kv_bytes / ms / 1e6 / bw:5.1f} % of copy")
+
+
+if __name__ == "__main__":
+    main()
