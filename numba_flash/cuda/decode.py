@@ -796,32 +796,14 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         return (out, lse) if return_lse else out
 
     dummy_f = _dummy(kind, device, (1, 1, 1), np.float32)
-    lse_arg = launch._kernel_array(lse, kind, False) if return_lse else dummy_f
-    if direct:
-        o_part_arg = _dummy(kind, device, (1, 1, 1, 1, 1), np.float32)
-        lse_part_arg = _dummy(kind, device, (1, 1, 1, 1), np.float32)
-    else:
+    o_part = lse_part = None
+    if not direct:
         o_part = launch._empty_like_kind(kind, q, (splits, batch, seqlen_q, heads_q, head_dim),
                                          "float32")
         lse_part = launch._empty_like_kind(kind, q, (splits, batch, heads_q, seqlen_q), "float32")
-        o_part_arg = launch._kernel_array(o_part, kind, False)
-        lse_part_arg = launch._kernel_array(lse_part, kind, False)
-    bt_arg = launch._kernel_array(block_table, kind, False) if paged else \
-        _dummy(kind, device, (1, 1), np.int32)
-    sl_arg = launch._kernel_array(cache_seqlens, kind, False)
     tree_arg = _tree_array(kind, device, np.asarray(tree_parents), seqlen_q) if has_tree else \
         _dummy(kind, device, (1, 2), np.uint32)
     tree_len = len(tree_parents) if has_tree else 0
-    if kind == "numpy":
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-        tree_arg = FakeCUDAArray(tree_arg)
-        if not paged:
-            bt_arg = FakeCUDAArray(bt_arg)
-        if direct:
-            o_part_arg, lse_part_arg = FakeCUDAArray(o_part_arg), FakeCUDAArray(lse_part_arg)
-        if not return_lse:
-            lse_arg = FakeCUDAArray(lse_arg)
 
     scale = float(softmax_scale)
     log2e = 1.0 / math.log(2.0)
@@ -829,9 +811,12 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     f32 = np.float32
     LAST_PLAN.update(splits=splits, tile=(block_n, stages, warps) if use_mma else None)
     if use_mma and kind != "numpy" and _FAST["on"] and (direct or _fold_merge()):
-        arrays = (q, k_cache, v_cache, block_table if paged else bt_arg, cache_seqlens, tree_arg,
-                  out, lse if return_lse else lse_arg,
-                  o_part if not direct else o_part_arg, lse_part if not direct else lse_part_arg)
+        # The caller's arrays as they are (no Numba device-array wrappers: see launch.py).
+        arrays = (q, k_cache, v_cache,
+                  block_table if paged else _dummy(kind, device, (1, 1), np.int32),
+                  cache_seqlens, tree_arg, out, lse if return_lse else dummy_f,
+                  _dummy(kind, device, (1, 1, 1, 1, 1), np.float32) if direct else o_part,
+                  _dummy(kind, device, (1, 1, 1, 1), np.float32) if direct else lse_part)
         config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
                   has_tree, direct, bool(return_lse), block_n, stages, warps, not direct,
                   _pdl_device(device), page_pow2, _pdl_late())
@@ -852,6 +837,29 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
             _FAST["error"] = repr(exc)
             warnings.warn(f"numba_flash.decode: direct launch failed ({exc!r}); using Numba's "
                           f"dispatcher from now on", RuntimeWarning)
+
+    # Numba's dispatcher: its device-array wrappers are built only on this path (they cost
+    # about a quarter of a direct call's host time).
+    lse_arg = launch._kernel_array(lse, kind, False) if return_lse else dummy_f
+    if direct:
+        o_part_arg = _dummy(kind, device, (1, 1, 1, 1, 1), np.float32)
+        lse_part_arg = _dummy(kind, device, (1, 1, 1, 1), np.float32)
+    else:
+        o_part_arg = launch._kernel_array(o_part, kind, False)
+        lse_part_arg = launch._kernel_array(lse_part, kind, False)
+    bt_arg = launch._kernel_array(block_table, kind, False) if paged else \
+        _dummy(kind, device, (1, 1), np.int32)
+    sl_arg = launch._kernel_array(cache_seqlens, kind, False)
+    if kind == "numpy":
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        tree_arg = FakeCUDAArray(tree_arg)
+        if not paged:
+            bt_arg = FakeCUDAArray(bt_arg)
+        if direct:
+            o_part_arg, lse_part_arg = FakeCUDAArray(o_part_arg), FakeCUDAArray(lse_part_arg)
+        if not return_lse:
+            lse_arg = FakeCUDAArray(lse_arg)
 
     qa, ka, va, oa = (launch._kernel_array(x, kind, True) for x in (q, k_cache, v_cache, out))
     launch_stream = launch._resolve_stream(stream, kind, q)
