@@ -25,13 +25,13 @@ fi
 echo "=== (a) tests + (b) sanitizers $(date +%T)"
 xdist="-n ${WORKERS:-8}"
 python3 -c "import xdist" 2>/dev/null || xdist=""
-( timeout "${TEST_LIMIT:-200}" python3 -m pytest -q $xdist -p no:cacheprovider --durations=5 \
+( timeout "${TEST_LIMIT:-360}" python3 -m pytest -q $xdist -p no:cacheprovider --durations=5 \
     ${TEST_FILES:-tests/test_cuda_forward.py tests/test_cuda_masks.py tests/test_varlen.py tests/test_mask_mod.py tests/test_decode.py tests/test_merge_api.py tests/test_jitcache.py} \
     > "$OUT/tests.log" 2>&1
   echo "tests rc=$?" >> "$OUT/tests.log" ) &
 for case in ${SANITIZE_CASES-sanitize_case sanitize_masks sanitize_decode}; do
   for tool in memcheck racecheck; do
-    ( timeout "${TEST_LIMIT:-200}" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 \
+    ( timeout "${TEST_LIMIT:-360}" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 3 \
         python3 scripts/$case.py > "$OUT/${case}_$tool.log" 2>&1
       echo "compute-sanitizer $case $tool rc=$?" >> "$OUT/${case}_$tool.log" ) &
   done
