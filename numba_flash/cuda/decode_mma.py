@@ -145,7 +145,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     FAST = RPI > 0 and (not paged or (PAGE > 0 and PAGE % RPI == 0
                                         and (PAGE >= BN or BN % PAGE == 0)))
     NPG = BN // PAGE if 0 < PAGE < BN else 1        # pages per tile on the fast path
-    ALIGN = min(PAGE, BN) if PAGE else 1
     NEG_INF = -math.inf
     if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4 or mma_smem_bytes(D, BN, S, NW) > 49152:
         raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, warps {NW} at "
@@ -284,7 +283,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                         if PAGE >= BN:
                             fast_tile = fast_tile and (kstart & (PAGE - 1)) <= PAGE - BN
                         else:
-                            fast_tile = fast_tile and (kstart & (ALIGN - 1)) == 0
+                            fast_tile = fast_tile and (kstart & (PAGE - 1)) == 0   # whole pages
             if fast_tile:
                 if paged:
                     for pi in range(NPG):
