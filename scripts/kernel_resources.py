@@ -77,7 +77,7 @@ def report(py_func, signature, cc=(9, 0)) -> dict:
     """Compile ``py_func`` (a kernel's Python function, e.g. ``dispatcher.py_func``) for
     ``signature`` and compute capability ``cc`` offline; resources and SASS as a dict."""
     ptx, _ = cuda.compile_ptx(py_func, signature, cc=cc)
-    arch = f"sm_{cc[0]}{cc[1]}"
+    arch = f"sm_{cc[0]}{cc[1]}{cc[2] if len(cc) > 2 else ''}"
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(ptx_path, "w") as f:

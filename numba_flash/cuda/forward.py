@@ -32,6 +32,8 @@ from numba.cuda import types
 from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
                       chunk_classes, interval_visible, key_tiles)
 from .jitcache import jit_kernel
+from .hopper import (cp_async16_to, fence_proxy_async, shared_addr, sw128_desc, wgmma_commit,
+                     wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
                    ldmatrix_x4_trans, lowest_bit, mma16, pack16, shfl_xor)
 
@@ -41,6 +43,7 @@ __all__ = ["make_mma_kernel", "make_fma_kernel", "MMA_BLOCK_M", "MMA_THREADS", "
 
 MMA_BLOCK_M = 64
 MMA_THREADS = 128
+WG_THREADS = 256      # the wgmma path: two warpgroups
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -60,13 +63,44 @@ def _mask_mod_device(mask_mod):
 _ALWAYS = None if SIMULATOR else cuda.jit(device=True)(always_visible)
 
 
-def mma_block_n(head_dim: int) -> int:
+WG_HEAD_DIMS = (64, 128)
+_WG_DEVICES: dict = {}
+
+
+def wgmma_device() -> bool:
+    """Whether the current device takes the wgmma path: a compute-capability 9.0 GPU (H100,
+    H200; Numba compiles for sm_90a there), not the simulator, and ``NUMBA_FLASH_WGMMA`` not
+    set to 0."""
+    if SIMULATOR or os.environ.get("NUMBA_FLASH_WGMMA", "1") == "0":
+        return False
+    dev = cuda.get_current_device()
+    ok = _WG_DEVICES.get(dev.id)
+    if ok is None:
+        ok = _WG_DEVICES[dev.id] = tuple(dev.compute_capability)[:2] == (9, 0)
+    return ok
+
+
+def mma_wgmma(head_dim: int) -> bool:
+    """Whether the float16 / bfloat16 kernel for this head_dim uses wgmma on this device."""
+    return head_dim in WG_HEAD_DIMS and wgmma_device()
+
+
+def wgmma_smem_bytes(head_dim: int, block_n: int) -> int:
+    """Dynamic shared memory of the wgmma path: Q (128 rows), K and V (block_n rows) tiles of
+    head_dim 16-bit values, plus 1 KB to align them to 1024 bytes."""
+    return (16 * (WG_THREADS // 32) + 2 * block_n) * head_dim * 2 + 1024
+
+
+def mma_block_n(head_dim: int, wgmma: bool = False) -> int:
     """Keys per K/V tile of the tensor-core kernel.
 
     K, V (and the Q tile for head_dim >= 128) must fit 48 KB of static shared memory: at
     head_dim 256 the 32 KB Q tile leaves room for 16-key K and V tiles only.
-    ``NUMBA_FLASH_MMA_BLOCK_N`` (16, 32 or 64) overrides it, for tuning experiments.
+    ``NUMBA_FLASH_MMA_BLOCK_N`` (16, 32 or 64) overrides it, for tuning experiments. The wgmma
+    path (dynamic shared memory) takes 128-key tiles (``NUMBA_FLASH_WGMMA_BLOCK_N``: 64 or 128).
     """
+    if wgmma:
+        return int(os.environ.get("NUMBA_FLASH_WGMMA_BLOCK_N", "128"))
     forced = os.environ.get("NUMBA_FLASH_MMA_BLOCK_N")
     if forced:
         return int(forced)
@@ -77,13 +111,15 @@ def mma_block_n(head_dim: int) -> int:
     return 64
 
 
-def mma_m_tiles(head_dim: int) -> int:
+def mma_m_tiles(head_dim: int, wgmma: bool = False) -> int:
     """16-row m-tiles per warp of the tensor-core kernel (block of 4 warps: 64 * m_tiles rows).
 
     Two m-tiles let every K/V fragment a warp loads from shared memory feed twice the HMMAs
     (shared-memory bandwidth per HMMA is what limits one m-tile; docs/perf-notes.md).
     ``NUMBA_FLASH_MMA_M_TILES`` (1 or 2) overrides the default up to head_dim 128.
     """
+    if wgmma:
+        return 1
     forced = os.environ.get("NUMBA_FLASH_MMA_M_TILES")
     if forced and head_dim <= 128:
         return int(forced)
@@ -92,9 +128,14 @@ def mma_m_tiles(head_dim: int) -> int:
     return 2 if head_dim <= 128 else 1
 
 
-def mma_block_m(head_dim: int) -> int:
-    """Query rows per block of the tensor-core kernel."""
-    return 16 * (MMA_THREADS // 32) * mma_m_tiles(head_dim)
+def mma_threads(wgmma: bool = False) -> int:
+    """Threads per block of the tensor-core kernel: 4 warps, or two warpgroups with wgmma."""
+    return WG_THREADS if wgmma else MMA_THREADS
+
+
+def mma_block_m(head_dim: int, wgmma: bool = False) -> int:
+    """Query rows per block of the tensor-core kernel (16 per warp and m-tile)."""
+    return 16 * (mma_threads(wgmma) // 32) * mma_m_tiles(head_dim, wgmma)
 
 
 def mma_q_in_smem(head_dim: int) -> bool:
@@ -168,7 +209,7 @@ def fma_block_m(head_dim: int, itemsize: int) -> int:
 def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                     has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int,
                     mask_kind: int = NONE, varlen: bool = False, has_alibi: bool = False,
-                    mask_mod=None, m_tiles: int = 1):
+                    mask_mod=None, m_tiles: int = 1, wgmma: bool = False):
     """Build the tensor-core kernel for one configuration (all arguments compile-time).
 
     Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2,
@@ -186,17 +227,29 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     the next K copy, O += P V (ldmatrix.trans fragments). Each copy overlaps one matrix product.
     Each warp owns ``m_tiles`` consecutive 16-row m-tiles (block: 64 * m_tiles rows); every
     K / V fragment it loads feeds the HMMAs of all of them.
+
+    ``wgmma`` (Hopper, compute capability 9.0; hopper.py): two warpgroups (8 warps, 256
+    threads, ``WG_THREADS``) own a 128-row query tile, 64 rows each; S = Q K^T and O += P V are
+    warpgroup products (``wgmma`` m64nNk16: Q, K, V from 128-byte-swizzled tiles in dynamic
+    shared memory, P from registers), with ``m_tiles`` 1 and ``block_n`` 64 or 128. The
+    fragments, the online softmax, the masks and the tile walk are the mma.sync path's: warp w
+    owns rows 16 w .. 16 w + 15 of the block either way. Dynamic shared memory:
+    ``wgmma_smem_bytes(head_dim, block_n)``.
     """
     D = head_dim
     MT = int(m_tiles)
     assert MT in (1, 2), m_tiles
-    BM, BN = 64 * MT, block_n
+    WG = bool(wgmma)
+    THREADS = WG_THREADS if WG else MMA_THREADS
+    if WG:
+        assert MT == 1 and D in (64, 128) and block_n in (64, 128), (MT, D, block_n)
+    BM, BN = 16 * (THREADS // 32) * MT, block_n
     WROWS = 16 * MT      # rows per warp
     DW = D // 2
     KS, NS, NP, ND = D // 16, BN // 8, BN // 16, D // 8
     SF, OF = NS * 4, ND * 4
     S_N, ACC_N, RUN_N, PK_N = SF * MT, OF * MT, 2 * MT, SF * MT // 2   # local-array sizes
-    Q_SMEM = mma_q_in_smem(D) or MT > 1
+    Q_SMEM = mma_q_in_smem(D) or MT > 1 or WG
     QF = 4 if Q_SMEM else KS * 4          # Q fragment registers (unused when Q is in smem)
     SWZ = mma_swizzled(D)
     # Row stride in words. Bank conflicts of ldmatrix (8 rows, same logical column) are avoided
@@ -213,12 +266,17 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     # pass); 8 consecutive lanes write 8 distinct bank groups; a warp instruction touches 4
     # whole lines of global memory (one chunk per row and lane touched 16 lines and ran slower).
     TPL = 8 if CPR % 8 == 0 else 4
-    RPP = MMA_THREADS // TPL
+    RPP = THREADS // TPL
     NSEG = CPR // TPL
     KV_PASSES = BN // RPP
     Q_PASSES = BM // RPP
     assert BN % RPP == 0 and BM % RPP == 0, (BN, BM, RPP)
-    QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM else (1, 4)
+    QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM and not WG else (1, 4)
+    KS_ROWS, KS_COLS = (1, 4) if WG else (BN, KW)     # static tiles (unused by the wgmma path)
+    # wgmma path: byte offsets in dynamic shared memory of the Q, K and V tiles, each made of
+    # 64-column blocks of rows x 128 bytes (hopper.py), and the size of one block.
+    BLK_Q, BLK_K = BM * 128, BN * 128
+    Q_OFF, K_OFF, V_OFF = 0, BM * D * 2, (BM + BN) * D * 2
     # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
     # an intrinsic object pickles differently in every process.
     BF16 = bool(is_bf16)
@@ -266,13 +324,27 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         cp_swz = SWZ_MASK & ((cp_row & 7) << 2)
 
         if SIMULATOR:  # the simulator rejects an alignment argument
-            ks = cuda.shared.array((BN, KW), types.uint32)
-            vs = cuda.shared.array((BN, KW), types.uint32)
+            ks = cuda.shared.array((KS_ROWS, KS_COLS), types.uint32)
+            vs = cuda.shared.array((KS_ROWS, KS_COLS), types.uint32)
             qs = cuda.shared.array((QS_ROWS, QS_COLS), types.uint32)
         else:          # cp.async and ldmatrix need 16-byte aligned rows
-            ks = cuda.shared.array((BN, KW), types.uint32, alignment=16)
-            vs = cuda.shared.array((BN, KW), types.uint32, alignment=16)
+            ks = cuda.shared.array((KS_ROWS, KS_COLS), types.uint32, alignment=16)
+            vs = cuda.shared.array((KS_ROWS, KS_COLS), types.uint32, alignment=16)
             qs = cuda.shared.array((QS_ROWS, QS_COLS), types.uint32, alignment=16)
+        sbase = 0       # wgmma path: 1024-byte aligned start of the dynamic tiles
+        cp_dst = 0      # this thread's first copy destination, relative to a tile's start
+        dq = np.uint64(0)
+        dk = np.uint64(0)
+        dv = np.uint64(0)
+        if WG:
+            dyn = cuda.shared.array(0, types.uint32)
+            sbase = (np.int64(shared_addr(dyn)) + 1023) & ~1023
+            cp_dst = cp_row * 128 + ((cp_part ^ (cp_row & 7)) << 4)
+            # Descriptors: this warpgroup's 64 Q rows, the K tile (both K-major) and the V tile
+            # (MN-major: leading offset = one 64-column block of V).
+            dq = sw128_desc(sbase + Q_OFF + (warp >> 2) * 64 * 128, 16, 1024)
+            dk = sw128_desc(sbase + K_OFF, 16, 1024)
+            dv = sw128_desc(sbase + V_OFF, BLK_K, 1024)
         qf = cuda.local.array(QF, types.uint32)
         s = cuda.local.array(S_N, types.float32)           # m-tile mt: s[mt * SF:(mt + 1) * SF]
         acc = cuda.local.array(ACC_N, types.float32)
@@ -347,16 +419,24 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                     q_src = q_off + qrow if q_ok else 0
                     for sg in range(NSEG):
                         c = (sg * TPL + cp_part) * 4
-                        cp_async16(qs, cp_row + ps * RPP, c ^ cp_swz, q, ab, q_src, h, c,
-                                   16 if q_ok else 0)
+                        if WG:
+                            cp_async16_to(sbase + Q_OFF + cp_dst + ps * RPP * 128 + sg * BLK_Q,
+                                          q, ab, q_src, h, c, 16 if q_ok else 0)
+                        else:
+                            cp_async16(qs, cp_row + ps * RPP, c ^ cp_swz, q, ab, q_src, h, c,
+                                       16 if q_ok else 0)
             for ps in range(KV_PASSES):
                 key = tile * BN + cp_row + ps * RPP
                 ok = key < seqlen_k
                 src = k_off + key if ok else 0
                 for sg in range(NSEG):
                     c = (sg * TPL + cp_part) * 4
-                    cp_async16(ks, cp_row + ps * RPP, c ^ cp_swz, k, ab, src, hk, c,
-                               16 if ok else 0)
+                    if WG:
+                        cp_async16_to(sbase + K_OFF + cp_dst + ps * RPP * 128 + sg * BLK_K,
+                                      k, ab, src, hk, c, 16 if ok else 0)
+                    else:
+                        cp_async16(ks, cp_row + ps * RPP, c ^ cp_swz, k, ab, src, hk, c,
+                                   16 if ok else 0)
             cp_async_commit()
 
         while tile <= last:
@@ -387,6 +467,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 full = full and mask_full
 
             cp_async_wait_all()
+            if WG:
+                fence_proxy_async()   # the copies' bytes visible to wgmma (the async proxy)
             cuda.syncthreads()  # K tile landed for every thread; every warp is done with V
             for ps in range(KV_PASSES):
                 key = k0 + cp_row + ps * RPP
@@ -394,15 +476,31 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 src = k_off + key if ok else 0
                 for sg in range(NSEG):
                     c = (sg * TPL + cp_part) * 4
-                    cp_async16(vs, cp_row + ps * RPP, c ^ cp_swz, v, ab, src, hk, c,
-                               16 if ok else 0)
+                    if WG:
+                        cp_async16_to(sbase + V_OFF + cp_dst + ps * RPP * 128 + sg * BLK_K,
+                                      v, ab, src, hk, c, 16 if ok else 0)
+                    else:
+                        cp_async16(vs, cp_row + ps * RPP, c ^ cp_swz, v, ab, src, hk, c,
+                                   16 if ok else 0)
             cp_async_commit()
 
             # S = Q K^T: NS independent 16x8 accumulators per m-tile; each K fragment feeds the
             # m-tiles (A fragments a* of m-tile 0, e* of m-tile 1; MT is at most 2).
-            for i in range(S_N):
-                s[i] = np.float32(0.0)
-            for kk in range(KS):
+            if WG:
+                # k-step kk: column block kk // 4, 32 bytes per step inside it (descriptor
+                # addresses count 16-byte units); the first step overwrites s (scale-d 0).
+                wgmma_fence()
+                for kk in range(KS):
+                    wgmma_ss(BF16, BN, s,
+                             dq + np.uint64((kk // 4) * (BLK_Q >> 4) + (kk % 4) * 2),
+                             dk + np.uint64((kk // 4) * (BLK_K >> 4) + (kk % 4) * 2),
+                             0 if kk == 0 else 1)
+                wgmma_commit()
+                wgmma_wait(BN, s)
+            else:
+                for i in range(S_N):
+                    s[i] = np.float32(0.0)
+            for kk in range(0 if WG else KS):
                 if Q_SMEM:
                     a0, a1, a2, a3 = ldmatrix_x4(qs, warp * WROWS + v_row, (kk * 8 + v_col) ^ swz)
                 else:
@@ -538,6 +636,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                         acc[mt * OF + dn * 4 + e] *= alpha[2 * mt + (e >> 1)]
 
             cp_async_wait_all()
+            if WG:
+                fence_proxy_async()
             cuda.syncthreads()  # V tile landed; every warp is done with K
             if nxt <= last:
                 for ps in range(KV_PASSES):
@@ -546,13 +646,26 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                     src = k_off + key if ok else 0
                     for sg in range(NSEG):
                         c = (sg * TPL + cp_part) * 4
-                        cp_async16(ks, cp_row + ps * RPP, c ^ cp_swz, k, ab, src, hk, c,
-                                   16 if ok else 0)
+                        if WG:
+                            cp_async16_to(sbase + K_OFF + cp_dst + ps * RPP * 128 + sg * BLK_K,
+                                          k, ab, src, hk, c, 16 if ok else 0)
+                        else:
+                            cp_async16(ks, cp_row + ps * RPP, c ^ cp_swz, k, ab, src, hk, c,
+                                       16 if ok else 0)
                 cp_async_commit()
 
             # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits;
             # each V fragment feeds the m-tiles (a*: m-tile 0, e*: m-tile 1).
-            for kb in range(NP):
+            if WG:
+                # k-step kb: keys 16 kb .. 16 kb + 15, i.e. 16 rows of 128 bytes further.
+                wgmma_fence()
+                for kb in range(NP):
+                    j = kb * 4
+                    wgmma_rs(BF16, D, acc, pk[j], pk[j + 1], pk[j + 2], pk[j + 3],
+                             dv + np.uint64(kb * 16 * 128 >> 4))
+                wgmma_commit()
+                wgmma_wait(D, acc)
+            for kb in range(0 if WG else NP):
                 j = kb * 4
                 a0 = pk[j]
                 a1 = pk[j + 1]
@@ -614,7 +727,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                                                    if l > 0 else NEG_INF)
 
     return _jit(kernel, ("mma", D, BF16, has_left, has_right, has_sinks, has_softcap, write_lse,
-                         BN, KIND, VARLEN, ALIBI, MT), cache=mask_mod is None)
+                         BN, KIND, VARLEN, ALIBI, MT, WG), cache=mask_mod is None)
 
 
 def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,

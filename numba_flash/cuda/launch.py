@@ -230,10 +230,24 @@ def _resolve_stream(stream, kind: str, like):
     return cuda.external_stream(handle) if handle else cuda.default_stream()
 
 
+def _wgmma(dtype_name: str, head_dim: int) -> bool:
+    """Whether this call's kernel is the wgmma path (float16 / bfloat16 on a compute-capability
+    9.0 device, through the direct launch, which sets its dynamic shared memory)."""
+    return _FAST_LAUNCH and dtype_name in _HALF_NAMES and forward.mma_wgmma(head_dim)
+
+
+def dynamic_smem_bytes(dtype_name: str, head_dim: int) -> int:
+    """Dynamic shared memory of this configuration's kernel (0: static shared memory only)."""
+    if not _wgmma(dtype_name, head_dim):
+        return 0
+    return forward.wgmma_smem_bytes(head_dim, forward.mma_block_n(head_dim, True))
+
+
 def tile_shape(dtype_name: str, head_dim: int) -> tuple[int, int]:
     """(block_m, block_n) of the kernel for this dtype and head_dim (what tile tables use)."""
     if dtype_name in _HALF_NAMES:
-        return forward.mma_block_m(head_dim), forward.mma_block_n(head_dim)
+        wg = _wgmma(dtype_name, head_dim)
+        return forward.mma_block_m(head_dim, wg), forward.mma_block_n(head_dim, wg)
     itemsize = 8 if _FULL_NAMES[dtype_name] else 4
     return forward.fma_block_m(head_dim, itemsize), forward.fma_block_n(head_dim, itemsize)
 
@@ -305,12 +319,13 @@ _UNUSED_MASK_ARGS = (
 _UNUSED_MASK_TYPES = tuple(t for t, _ in _UNUSED_MASK_ARGS) if not SIMULATOR else ()
 
 
-def _launcher(key, kern, elem, fdt, layouts, device_id, extra_types=None):
+def _launcher(key, kern, elem, fdt, layouts, device_id, extra_types=None, smem=0):
     """Compile (or load) the kernel for these array layouts once; (cuda.core kernel, scalar
     ctypes types) for direct launches. ``extra_types``: Numba types of the mask / varlen / alibi
-    arguments (None: the unused placeholders of a plain call)."""
+    arguments (None: the unused placeholders of a plain call). ``smem``: dynamic shared memory
+    per block, whose limit is raised for the kernel on this device."""
     extra_types = _UNUSED_MASK_TYPES if extra_types is None else tuple(extra_types)
-    lkey = (key, layouts, device_id, extra_types)
+    lkey = (key, layouts, device_id, extra_types, smem)
     entry = _LAUNCHERS.get(lkey)
     if entry is None:
         arrays = [types.Array(elem, 4, lay) for lay in layouts[:4]]
@@ -319,15 +334,33 @@ def _launcher(key, kern, elem, fdt, layouts, device_id, extra_types=None):
         sig = types.void(*arrays, types.int64, types.int64, types.int64, fty, fty, fty,
                          types.int64, types.int64, types.int64, *extra_types)
         kobj = kern.compile(sig)
+        if smem > 48 * 1024:
+            _raise_smem_limit(kobj._codelibrary.get_cufunc().handle, smem, device_id)
         cfloat = ctypes.c_double if fdt is np.float64 else ctypes.c_float
         entry = _LAUNCHERS[lkey] = (kobj._codelibrary.get_cufunc().kernel, cfloat)
     return entry
 
 
-def _launch_config(grid, threads):
-    cfg = _LAUNCH_CONFIGS.get((grid, threads))
+def _raise_smem_limit(handle, nbytes: int, device_id: int):
+    """Allow ``nbytes`` of dynamic shared memory per block (more than the default 48 KB) for a
+    kernel (a CUkernel handle, as Numba loads it) on one device."""
+    from cuda.bindings import driver as cu
+
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    if isinstance(handle, cu.CUfunction):
+        err, = cu.cuFuncSetAttribute(handle, attr, int(nbytes))
+    else:
+        err, = cu.cuKernelSetAttribute(attr, int(nbytes), handle, device_id)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuKernelSetAttribute(max dynamic shared memory = {nbytes}) failed: "
+                           f"{err!r}")
+
+
+def _launch_config(grid, threads, smem=0):
+    cfg = _LAUNCH_CONFIGS.get((grid, threads, smem))
     if cfg is None:
-        cfg = _LAUNCH_CONFIGS[(grid, threads)] = _CoreLaunchConfig(grid=grid, block=threads)
+        cfg = _LAUNCH_CONFIGS[(grid, threads, smem)] = _CoreLaunchConfig(
+            grid=grid, block=threads, shmem_size=smem)
     return cfg
 
 
@@ -335,8 +368,9 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
                has_softcap: bool, write_lse: bool, mask_kind: int = maskdev.NONE,
                varlen: bool = False, has_alibi: bool = False, mask_mod=None):
     """The (cached) kernel and its launch geometry (block_m, threads) for one configuration."""
+    wg = _wgmma(dtype_name, head_dim)
     key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
-           mask_kind, varlen, has_alibi, mask_mod)
+           mask_kind, varlen, has_alibi, mask_mod, wg)
     entry = _KERNELS.get(key)
     if entry is None:
         extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod)
@@ -344,8 +378,9 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
         if dtype_name in _HALF_NAMES:
             kern = forward.make_mma_kernel(head_dim, _HALF_NAMES[dtype_name], has_left, has_right,
                                            has_sinks, has_softcap, write_lse, block_n,
-                                           m_tiles=forward.mma_m_tiles(head_dim), **extra)
-            entry = (kern, forward.mma_block_m(head_dim), forward.MMA_THREADS)
+                                           m_tiles=forward.mma_m_tiles(head_dim, wg), wgmma=wg,
+                                           **extra)
+            entry = (kern, forward.mma_block_m(head_dim, wg), forward.mma_threads(wg))
         else:
             kern = forward.make_fma_kernel(head_dim, _FULL_NAMES[dtype_name], has_left, has_right,
                                            has_sinks, has_softcap, write_lse, block_n, **extra)
@@ -573,8 +608,10 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
     current = cuda.get_current_device().id
     dev = current if device is None else device
     ctx = cuda.gpus[device] if dev != current else _nullcontext()
+    smem = dynamic_smem_bytes(dtype_name, arrays[0].shape[-1])
     with ctx:
-        core_kernel, cfloat = _launcher(key, kern, elem, fdt, tuple(layouts), dev, extra_types)
+        core_kernel, cfloat = _launcher(key, kern, elem, fdt, tuple(layouts), dev, extra_types,
+                                        smem)
     scale = float(softmax_scale)
     cap = float(softcap) if softcap is not None else 1.0
     if half:
@@ -596,7 +633,7 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
     grid = ((seqlen_q + block_m - 1) // block_m, batch_heads)
     with ctx:
         _core_launch(_core_stream(_raw_stream_handle(stream, kind, arrays[0])),
-                    _launch_config(grid, threads), core_kernel, *params)
+                    _launch_config(grid, threads, smem), core_kernel, *params)
 
 
 class _nullcontext:

@@ -1,0 +1,248 @@
+"""Hopper (sm_90a) primitives for the forward kernel: warpgroup matrix products (``wgmma``) and
+the shared-memory addressing they need.
+
+Numba compiles for ``compute_90a`` on a compute-capability 9.0 device, so ``wgmma`` is
+available through inline PTX. A warpgroup (4 consecutive warps, 128 threads, starting at a warp
+index divisible by 4) issues ``wgmma.mma_async.m64nNk16``: D (64 x N, float32) += A (64 x 16) B
+(16 x N), asynchronously; ``wgmma_commit`` closes a group and ``wgmma_wait`` waits for it.
+
+Register layouts (PTX ISA, "Register fragment layout for wgmma .m64nNk16"): warp ``w`` of the
+warpgroup owns rows ``16 w .. 16 w + 15``; within a warp, accumulator registers ``4 j .. 4 j + 3``
+cover columns ``8 j .. 8 j + 7`` exactly as mma.sync m16n8's C fragment (warp.py's docstring), and
+an A operand held in registers is mma.sync m16n8k16's A fragment. So the forward kernel's score,
+probability and output fragments keep the layout of its mma.sync path.
+
+Shared-memory operands are described by 64-bit descriptors (start address, leading and stride
+byte offsets, swizzle mode). Every tile here uses the 128-byte swizzle: a tile of R rows and
+64 16-bit columns is R rows of 128 bytes, 16-byte chunk ``c`` of row ``r`` stored at chunk
+``c ^ (r & 7)``, the tile's base 1024-byte aligned (the hardware applies the XOR from address
+bits 7-9); wider rows are split into such 64-column blocks placed one after the other.
+
+* K-major operands (Q as A, K as B of Q K^T: the reduced dimension is contiguous): stride byte
+  offset 1024 (8 rows of 128 bytes), leading offset unused; k-step ``kk`` starts at column
+  block ``kk // 4`` plus ``32 (kk % 4)`` bytes.
+* MN-major operand (V as B of P V, the output dimension contiguous, ``trans-b`` = 1): leading
+  byte offset = the distance between 64-column blocks, stride byte offset 1024 (8 key rows);
+  k-step ``kb`` (16 keys) starts ``16 kb`` rows in.
+
+Every shared-memory tile read by ``wgmma`` was written by ``cp.async`` (the generic proxy):
+each writing thread runs ``fence_proxy_async`` after its copies complete and before the barrier
+that precedes the ``wgmma``.
+
+None of this runs in Numba's simulator (no inline PTX); the forward kernel takes its mma.sync
+path there.
+"""
+from __future__ import annotations
+
+from .warp import SIMULATOR
+
+__all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "fence_proxy_async", "wgmma_fence",
+           "wgmma_commit", "wgmma_wait", "wgmma_ss", "wgmma_rs"]
+
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba import cuda
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    from .warp import _bare_asm_intrinsic, _item_pointer_i64
+
+    _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+    @intrinsic
+    def shared_addr(typingctx, ary):
+        """32-bit shared-window address (uint32) of a shared array's first element."""
+        sig = types.uint32(ary)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            fnty = ir.FunctionType(_I32, [_I64])
+            asm = ir.InlineAsm(fnty, "{ .reg .u64 t; cvta.to.shared.u64 t, $1; cvt.u32.u64 $0, t; }",
+                               "=r,l", side_effect=False)
+            return builder.call(asm, [builder.ptrtoint(data, _I64)])
+
+        return sig, codegen
+
+    @intrinsic
+    def sw128_desc(typingctx, addr, lbo, sbo):
+        """uint64 wgmma descriptor of a 128-byte-swizzled tile at shared address ``addr``
+        (1024-byte aligned atoms) with leading / stride byte offsets ``lbo`` / ``sbo``."""
+        sig = types.uint64(addr, lbo, sbo)
+
+        def codegen(context, builder, sig, args):
+            a, lb, sb = (context.cast(builder, v, t, types.uint64) for v, t in zip(args, sig.args))
+
+            def field(v, shift):
+                v = builder.and_(builder.lshr(v, ir.Constant(_I64, 4)), ir.Constant(_I64, 0x3FFF))
+                return builder.shl(v, ir.Constant(_I64, shift))
+
+            d = builder.or_(field(a, 0), field(lb, 16))
+            d = builder.or_(d, field(sb, 32))
+            return builder.or_(d, ir.Constant(_I64, 1 << 62))     # layout type 1: 128B swizzle
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async16_to(typingctx, saddr, src, s0, s1, s2, s3, src_bytes):
+        """16 bytes from ``&src[s0, s1, s2, s3]`` (global) to shared address ``saddr``
+        (uint32); zero-filled when ``src_bytes`` is 0."""
+        sig = types.void(saddr, src, s0, s1, s2, s3, src_bytes)
+
+        def codegen(context, builder, sig, args):
+            d = context.cast(builder, args[0], sig.args[0], types.uint32)
+            g = _item_pointer_i64(context, builder, sig.args[1], args[1], sig.args[2:6], args[2:6])
+            n = context.cast(builder, args[6], sig.args[6], types.int32)
+            fnty = ir.FunctionType(ir.VoidType(), [_I32, _I64, _I32])
+            asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;",
+                               "r,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [d, g, n])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    fence_proxy_async = _bare_asm_intrinsic("fence.proxy.async.shared::cta;")
+    wgmma_fence = _bare_asm_intrinsic("wgmma.fence.sync.aligned;")
+    wgmma_commit = _bare_asm_intrinsic("wgmma.commit_group.sync.aligned;")
+
+    def _load_all(context, builder, aryty, aryval, n):
+        ary = context.make_array(aryty)(context, builder, aryval)
+        ptrs = [builder.gep(ary.data, [ir.Constant(_I64, i)]) for i in range(n)]
+        return ptrs, [builder.load(p) for p in ptrs]
+
+    def _store_all(builder, ptrs, res, n):
+        for i in range(n):
+            builder.store(builder.extract_value(res, i), ptrs[i])
+
+    def _wait_intrinsic(nacc):
+        """``wgmma.wait_group 0`` with the ``nacc`` accumulators of a float32 array passed
+        through it, so that no use of them is scheduled before the wait."""
+        text = "wgmma.wait_group.sync.aligned 0;"
+
+        @intrinsic
+        def wait(typingctx, acc):
+            sig = types.void(acc)
+
+            def codegen(context, builder, sig, args):
+                ptrs, vals = _load_all(context, builder, sig.args[0], args[0], nacc)
+                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * nacc), [_F32] * nacc)
+                cons = ",".join(["=f"] * nacc + [str(i) for i in range(nacc)]) + ",~{memory}"
+                res = builder.call(ir.InlineAsm(fnty, text, cons, side_effect=True), vals)
+                _store_all(builder, ptrs, res, nacc)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return wait
+
+    def _ss_intrinsic(n, bf16):
+        """acc (float32 array of n / 2) = A B (+ acc if ``scale_d``): m64n{n}k16, A and B from
+        shared memory (descriptors), both K-major."""
+        ab = "bf16" if bf16 else "f16"
+        nacc = n // 2
+        regs = ",".join(f"${i}" for i in range(nacc))
+        text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; wgmma.mma_async.sync.aligned.m64n%dk16"
+                ".f32.%s.%s {%s}, $%d, $%d, p, 1, 1, 0, 0; }"
+                % (nacc + 2, n, ab, ab, regs, nacc, nacc + 1))
+        cons = ",".join(["=f"] * nacc + ["l", "l", "r"] + [str(i) for i in range(nacc)])
+
+        @intrinsic
+        def ss(typingctx, acc, desc_a, desc_b, scale_d):
+            sig = types.void(acc, desc_a, desc_b, scale_d)
+
+            def codegen(context, builder, sig, args):
+                ptrs, vals = _load_all(context, builder, sig.args[0], args[0], nacc)
+                da = context.cast(builder, args[1], sig.args[1], types.uint64)
+                db = context.cast(builder, args[2], sig.args[2], types.uint64)
+                sc = context.cast(builder, args[3], sig.args[3], types.int32)
+                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * nacc),
+                                       [_I64, _I64, _I32] + [_F32] * nacc)
+                res = builder.call(ir.InlineAsm(fnty, text, cons, side_effect=True),
+                                   [da, db, sc] + vals)
+                _store_all(builder, ptrs, res, nacc)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return ss
+
+    def _rs_intrinsic(n, bf16):
+        """acc (float32 array of n / 2) += A B: m64n{n}k16, A from registers (four uint32:
+        the mma.sync A fragment of this warp's 16 rows), B from shared memory, MN-major."""
+        ab = "bf16" if bf16 else "f16"
+        nacc = n // 2
+        regs = ",".join(f"${i}" for i in range(nacc))
+        # scale-d must be a predicate: set from a register holding 1 (accumulate).
+        text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; wgmma.mma_async.sync.aligned.m64n%dk16"
+                ".f32.%s.%s {%s}, {$%d, $%d, $%d, $%d}, $%d, p, 1, 1, 1; }"
+                % (nacc + 5, n, ab, ab, regs, nacc, nacc + 1, nacc + 2, nacc + 3, nacc + 4))
+        cons = ",".join(["=f"] * nacc + ["r", "r", "r", "r", "l", "r"]
+                        + [str(i) for i in range(nacc)])
+
+        @intrinsic
+        def rs(typingctx, acc, a0, a1, a2, a3, desc_b):
+            sig = types.void(acc, a0, a1, a2, a3, desc_b)
+
+            def codegen(context, builder, sig, args):
+                ptrs, vals = _load_all(context, builder, sig.args[0], args[0], nacc)
+                a = [context.cast(builder, args[i], sig.args[i], types.uint32) for i in range(1, 5)]
+                db = context.cast(builder, args[5], sig.args[5], types.uint64)
+                fnty = ir.FunctionType(ir.LiteralStructType([_F32] * nacc),
+                                       [_I32] * 4 + [_I64, _I32] + [_F32] * nacc)
+                res = builder.call(ir.InlineAsm(fnty, text, cons, side_effect=True),
+                                   a + [db, ir.Constant(_I32, 1)] + vals)
+                _store_all(builder, ptrs, res, nacc)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return rs
+
+    _wait32, _wait64 = _wait_intrinsic(32), _wait_intrinsic(64)
+    _ss_f16_64, _ss_f16_128 = _ss_intrinsic(64, False), _ss_intrinsic(128, False)
+    _ss_bf16_64, _ss_bf16_128 = _ss_intrinsic(64, True), _ss_intrinsic(128, True)
+    _rs_f16_64, _rs_f16_128 = _rs_intrinsic(64, False), _rs_intrinsic(128, False)
+    _rs_bf16_64, _rs_bf16_128 = _rs_intrinsic(64, True), _rs_intrinsic(128, True)
+
+    # Dispatchers on compile-time constants (n, is_bf16) of the calling kernel, as warp.mma16.
+    @cuda.jit(device=True, inline=True)
+    def wgmma_wait(n, acc):
+        """Wait for every committed wgmma group; ``acc`` (n / 2 float32) passes through."""
+        if n == 64:
+            _wait32(acc)
+        else:
+            _wait64(acc)
+
+    @cuda.jit(device=True, inline=True)
+    def wgmma_ss(is_bf16, n, acc, desc_a, desc_b, scale_d):
+        """m64n{n}k16 with A and B in shared memory; n is 64 or 128."""
+        if is_bf16:
+            if n == 64:
+                _ss_bf16_64(acc, desc_a, desc_b, scale_d)
+            else:
+                _ss_bf16_128(acc, desc_a, desc_b, scale_d)
+        else:
+            if n == 64:
+                _ss_f16_64(acc, desc_a, desc_b, scale_d)
+            else:
+                _ss_f16_128(acc, desc_a, desc_b, scale_d)
+
+    @cuda.jit(device=True, inline=True)
+    def wgmma_rs(is_bf16, n, acc, a0, a1, a2, a3, desc_b):
+        """m64n{n}k16 accumulating, A in registers, B (MN-major) in shared memory."""
+        if is_bf16:
+            if n == 64:
+                _rs_bf16_64(acc, a0, a1, a2, a3, desc_b)
+            else:
+                _rs_bf16_128(acc, a0, a1, a2, a3, desc_b)
+        else:
+            if n == 64:
+                _rs_f16_64(acc, a0, a1, a2, a3, desc_b)
+            else:
+                _rs_f16_128(acc, a0, a1, a2, a3, desc_b)
+
+else:
+    def _unavailable(*args):
+        raise NotImplementedError("wgmma needs a compute-capability 9.0 GPU (not the simulator)")
+
+    shared_addr = sw128_desc = cp_async16_to = fence_proxy_async = _unavailable
+    wgmma_fence = wgmma_commit = wgmma_wait = wgmma_ss = wgmma_rs = _unavailable
