@@ -231,9 +231,9 @@ def _resolve_stream(stream, kind: str, like):
 
 
 def _wgmma(dtype_name: str, head_dim: int) -> bool:
-    """Whether this call's kernel is the wgmma path (float16 / bfloat16 on a compute-capability
-    9.0 device, through the direct launch, which sets its dynamic shared memory)."""
-    return _FAST_LAUNCH and dtype_name in _HALF_NAMES and forward.mma_wgmma(head_dim)
+    """Whether this call's kernel is the wgmma path (float16 / bfloat16 at head_dim 64 or 128 on
+    a compute-capability 9.0 device)."""
+    return dtype_name in _HALF_NAMES and forward.mma_wgmma(head_dim)
 
 
 def dynamic_smem_bytes(dtype_name: str, head_dim: int) -> int:
@@ -500,10 +500,15 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         ctx = _nullcontext()
         if device is not None and not SIMULATOR and device != cuda.get_current_device().id:
             ctx = cuda.gpus[device]
+        all_args = (*args, lse_arg, seqlen_q, seqlen_k, heads_q // heads_kv, *scalars, left,
+                    right, int(sinks), *extra)
+        smem = dynamic_smem_bytes(dtype_name, head_dim)
         with ctx:
-            kern[grid, threads, launch_stream](*args, lse_arg, seqlen_q, seqlen_k,
-                                               heads_q // heads_kv, *scalars, left, right,
-                                               int(sinks), *extra)
+            if smem > 48 * 1024:   # raise the kernel's limit before the dispatcher launches it
+                kobj = kern.compile(tuple(kern.typeof_pyval(a) for a in all_args))
+                _raise_smem_limit(kobj._codelibrary.get_cufunc().handle, smem,
+                                  cuda.get_current_device().id)
+            kern[grid, threads, launch_stream, smem](*all_args)
     if kind == "cai" and dtype_name == "bfloat16":
         out = _BFloat16Array(out)
     return (out, lse) if return_lse else out
