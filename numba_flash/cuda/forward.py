@@ -579,26 +579,28 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                             lte = mk_iv[1, col]
                             uts = mk_iv[2, col]
                             ute = mk_iv[3, col]
+                        # Bitwise & / | on the booleans (not `and` / `or`): selects, no
+                        # branches, so the pass is one scheduled stretch per column.
                         for r in range(RUN_N):
                             row = wrow + (r >> 1) * 16 + g + 8 * (r & 1)
                             qpos = row + offset
                             vis = kpos < seqlen_k
                             if has_left:
-                                vis = vis and kpos >= qpos - window_left
+                                vis = vis & (kpos >= qpos - window_left)
                             if has_right:
-                                vis = vis and kpos <= qpos + window_right
+                                vis = vis & (kpos <= qpos + window_right)
                             if has_sinks:
-                                vis = vis or (kpos < sinks and kpos <= qpos and kpos < seqlen_k)
+                                vis = vis | ((kpos < sinks) & (kpos <= qpos) & (kpos < seqlen_k))
                             if KIND == INTERVALS:
-                                vis = vis and ((row < lts or row >= lte) and
-                                               (row < uts or row >= ute))
+                                vis = vis & ((row < lts) | (row >= lte)) & ((row < uts) |
+                                                                            (row >= ute))
                             elif KIND == BITMASK:
-                                vis = vis and ((words[r] >> (kpos & 31)) & 1) != 0
+                                vis = vis & (((words[r] >> (kpos & 31)) & 1) != 0)
                             elif KIND == MASK_MOD:
                                 if vis and row < seqlen_q:
                                     vis = mod(b, h, qpos, kpos)
-                            if not vis:
-                                s[(r >> 1) * SF + j * 4 + c + 2 * (r & 1)] = np.float32(NEG_INF)
+                            e = (r >> 1) * SF + j * 4 + c + 2 * (r & 1)
+                            s[e] = s[e] if vis else np.float32(NEG_INF)
             for i in range(RUN_N):
                 mx[i] = np.float32(NEG_INF)
             for j in range(NS):

@@ -5,8 +5,8 @@
   (mask, lengths, tile shape) and kept.
 * Any other mask with column intervals becomes ``INTERVALS``: the four int32 vectors (computed
   on the host in O(seqlen_k) from the mask's parameters, uploaded once and kept); their per-tile
-  min/max vectors are recomputed on the device at every call (FlashMask's preprocessing) and the
-  kernel classifies each (query tile, key tile) from them as it runs.
+  min/max vectors are computed on the device once per (mask, lengths, tile shape) (FlashMask's
+  preprocessing) and the kernel classifies each (query tile, key tile) from them as it runs.
 * The rest (trees not in DFS preorder, arbitrary matrices, intersections needing more than two
   intervals per column) become ``BITMASK``: seqlen_q * ceil(seqlen_k / 32) uint32 words, uploaded
   once, with an exact class table built on the device once.
@@ -117,12 +117,13 @@ def plan_mask(mask, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, bloc
     pkey = ("plan", seqlen_q, seqlen_k, block_m, block_n, batch, heads_q, varlen, _device_key())
     plan = store.get(pkey)
     if plan is None:
+        # The per-key-tile min/max of the intervals (FlashMask's preprocessing) is computed
+        # here, once: mask objects are immutable, so recomputing it at every call (a Numba
+        # dispatcher launch, ~0.1 ms of host time) would give the same vectors.
         plan = store[pkey] = _plan_mask(mask, d, batch, heads_q, seqlen_q, seqlen_k, block_m,
                                         block_n, varlen, stream)
-    elif plan.kind == INTERVALS:
-        # FlashMask's preprocessing, at every call (a few microseconds): the kernel classifies
-        # each tile from these vectors as it runs.
-        tiles.tile_minmax_into(plan.iv, plan.mm, seqlen_q, block_n, stream)
+        if not SIMULATOR:   # once: later calls may come on other streams
+            cuda.synchronize()
     return plan
 
 
