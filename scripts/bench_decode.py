@@ -7,10 +7,12 @@ and bfloat16; contiguous caches and paged ones (page sizes 16 and 64, shuffled b
 
     python scripts/bench_decode.py --out bench_decode.json --plot bench_decode.png [--quick]
         [--sweep]   # also time num_splits = 1, 2, 4, ..., 128 on the contiguous float16 cases
-        [--tiles "32,2,1;32,2,1,0;48,2,1"]   # tensor-core tiles (bn, stages, warps[, fold[, pdl]])
+        [--tiles "32,2,1;32,2,1,0;48,2,1"]   # tensor-core tiles (bn, stages, warps[, fold[, pdl[, tail]]])
                     # x num_splits around each one's auto choice, float16, run before the table
         [--tile-shapes 3] [--tile-splits 8,12,16] [--tile-pages none,16]   # restrict the sweep
         [--pdl-ab]          # also time every table row with NUMBA_FLASH_DECODE_PDL=1
+        [--tail-ab]         # also time every table row with the old merge tail
+                            # (NUMBA_FLASH_DECODE_TAIL=old; the table's own column is the default)
         [--no-bf16-paged]   # skip the bfloat16 paged rows (shorter runs)
 
 Timing: each measurement enqueues a ~0.08 s spin kernel first (torch.cuda._sleep), then REPS calls
@@ -132,6 +134,8 @@ def main():
     ap.add_argument("--no-table", action="store_true", help="tile sweep only")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="also time each table row with programmatic dependent launch")
+    ap.add_argument("--tail-ab", action="store_true",
+                    help="also time each table row with NUMBA_FLASH_DECODE_TAIL=old")
     ap.add_argument("--no-bf16-paged", action="store_true", help="skip bfloat16 paged rows")
     ap.add_argument("--sanitize-case", action="store_true",
                     help="run one small paged decode (splits, tree mask) and exit: for "
@@ -194,6 +198,21 @@ def main():
                     t = gpu_time_ms(fn)
                     os.environ.pop("NUMBA_FLASH_DECODE_PDL")
                     row.update(pdl_ms=t, pdl_pct_copy=100 * kv_bytes / t / 1e6 / copy_bw)
+                if args.tail_ab:
+                    import os
+
+                    os.environ["NUMBA_FLASH_DECODE_TAIL"] = "old"
+                    t_old = gpu_time_ms(fn)
+                    os.environ.pop("NUMBA_FLASH_DECODE_TAIL")
+                    t_new = gpu_time_ms(fn)       # again, right after: drift shows in the pair
+                    row.update(old_tail_ms=t_old,
+                               old_tail_pct_copy=100 * kv_bytes / t_old / 1e6 / copy_bw,
+                               new_tail_ms=t_new,
+                               new_tail_pct_copy=100 * kv_bytes / t_new / 1e6 / copy_bw)
+                    print(f"  tail A/B {(b, hq, hkv, L)} {dtype} {row['layout']}: old "
+                          f"{t_old * 1e3:.1f} us {row['old_tail_pct_copy']:.1f}%, new "
+                          f"{t_new * 1e3:.1f} us {row['new_tail_pct_copy']:.1f}% "
+                          f"(table {ms * 1e3:.1f} us)", flush=True)
                 if page is None:
                     sdpa_times(q, k, v, row)
                     for name in ("flash", "cudnn"):
@@ -225,8 +244,9 @@ def main():
 
 
 def tile_sweep(args, copy_bw, save, out):
-    """%copy of float16 cases for each tensor-core configuration 'bn,stages,warps[,fold[,pdl]]'
-    (NUMBA_FLASH_DECODE_TILE / _FOLD / _PDL) and split count: ``--tile-splits``, or a few
+    """%copy of float16 cases for each tensor-core configuration
+    'bn,stages,warps[,fold[,pdl[,tail]]]' (NUMBA_FLASH_DECODE_TILE / _FOLD / _PDL / _TAIL, tail
+    'old' or 'new') and split count: ``--tile-splits``, or a few
     around what ``num_splits="auto"`` picks for that layout; ``--tile-pages`` picks the cache
     layouts (none = contiguous, or page sizes), ``--tile-shapes`` the shapes."""
     import os
@@ -258,13 +278,14 @@ def tile_sweep(args, copy_bw, save, out):
             else:     # around the paged rule's choice and the contiguous rule's
                 splits = sorted({auto, max(1, auto // 2), contig, contig * 4 // 3})
             for tile in args.tiles.split(";"):
-                parts = tile.split(",")           # bn,stages,warps[,fold 0/1[,pdl 0/1]]
+                parts = tile.split(",")    # bn,stages,warps[,fold 0/1[,pdl 0/1[,tail old/new]]]
                 os.environ["NUMBA_FLASH_DECODE_TILE"] = ",".join(parts[:3])
                 os.environ["NUMBA_FLASH_DECODE_FOLD"] = parts[3] if len(parts) > 3 else "1"
                 if len(parts) > 4:
                     os.environ["NUMBA_FLASH_DECODE_PDL"] = parts[4]
                 else:
                     os.environ.pop("NUMBA_FLASH_DECODE_PDL", None)
+                os.environ["NUMBA_FLASH_DECODE_TAIL"] = parts[5] if len(parts) > 5 else "new"
                 for s in splits:
                     fn = lambda: numba_flash.decode(q, k, v, cache_seqlens=lens,
                                                     block_table=table, num_splits=s)
@@ -278,7 +299,8 @@ def tile_sweep(args, copy_bw, save, out):
                 save()
             del q, k, v, lens, table
             torch.cuda.empty_cache()
-    for name in ("NUMBA_FLASH_DECODE_TILE", "NUMBA_FLASH_DECODE_FOLD", "NUMBA_FLASH_DECODE_PDL"):
+    for name in ("NUMBA_FLASH_DECODE_TILE", "NUMBA_FLASH_DECODE_FOLD", "NUMBA_FLASH_DECODE_PDL",
+                 "NUMBA_FLASH_DECODE_TAIL"):
         os.environ.pop(name, None)
     return out
 

@@ -141,11 +141,16 @@ def test_decode_against_reference(case):
 @pytest.mark.parametrize("kernel, tile, idx", [
     ("fma", None, 0), ("fma", None, 1), ("fma", None, 6),
     ("mma", "16,3,1", 1), ("mma", "16,4,2", 4), ("mma", "48,2,1", 6), ("nofold", None, 5),
+    ("oldtail", None, 3), ("oldtail", None, 5),
 ])
 def test_decode_kernel_variants(monkeypatch, kernel, tile, idx):
-    """CUDA-core kernel, other tiles, and the merge as a separate launch (no fold)."""
+    """CUDA-core kernel, other tiles, the merge as a separate launch (no fold), the previous
+    folded-merge tail (NUMBA_FLASH_DECODE_TAIL=old)."""
     if kernel == "nofold":
         monkeypatch.setenv("NUMBA_FLASH_DECODE_FOLD", "0")
+        kernel = "mma"
+    if kernel == "oldtail":
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_TAIL", "old")
         kernel = "mma"
     monkeypatch.setenv("NUMBA_FLASH_DECODE_KERNEL", kernel)
     if tile:
@@ -153,6 +158,15 @@ def test_decode_kernel_variants(monkeypatch, kernel, tile, idx):
     dtype, b, sq, hq, hkv, d, smax, lens, page, extra = CASES[idx]
     check_decode(np.random.default_rng(idx + 100), dtype, b, sq, hq, hkv, d, smax, lens,
                  page_size=page, **extra)
+
+
+@pytest.mark.parametrize("d, hq, splits", [(32, 3, 5), (96, 1, 4)])
+def test_merge_tail_reduction_depths(d, hq, splits):
+    """The folded merge's group combination: head_dim 32 with 3 rows (2 lane groups per row,
+    one scatter level) and head_dim 96 with 1 row (8 groups: two scatter levels, then an
+    all-reduce level, since 96 / 8 = 12 pairs per lane split in halves only twice)."""
+    check_decode(np.random.default_rng(d + splits), "float16", 1, 1, hq, 1, d, 60, [60],
+                 num_splits=splits)
 
 
 def test_splits_with_empty_and_one_key_sequences():
@@ -393,6 +407,19 @@ def test_gpu_gqa_ratios_paged(ratio, dtype, page):
 def test_gpu_num_splits(splits):
     rng = np.random.default_rng(splits)
     check_decode(rng, "bfloat16", 2, 1, 8, 2, 128, 5000, [5000, 0], num_splits=splits)
+
+
+@gpu
+@pytest.mark.parametrize("tail", ["old", "new"])
+@pytest.mark.parametrize("d, ratio, splits", [(128, 1, 16), (128, 16, 7), (128, 32, 5),
+                                              (64, 2, 5), (96, 4, 12), (32, 1, 9), (96, 3, 64)])
+def test_gpu_merge_tails(monkeypatch, tail, d, ratio, splits):
+    """Both folded-merge tails (NUMBA_FLASH_DECODE_TAIL) on every reduction depth: 1 to 16
+    rows per chunk (32: two chunks), head_dims whose reduce-scatter stops early, empty
+    sequences."""
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_TAIL", tail)
+    rng = np.random.default_rng(d * 100 + ratio * 10 + splits)
+    check_decode(rng, "float16", 2, 1, 2 * ratio, 2, d, 3000, [3000, 0], num_splits=splits)
 
 
 @gpu

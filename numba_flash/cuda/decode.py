@@ -548,6 +548,12 @@ def _fold_merge() -> bool:
     return os.environ.get("NUMBA_FLASH_DECODE_FOLD", "1") != "0"
 
 
+def _new_tail() -> bool:
+    """The folded merge's cheaper tail (decode_mma.py, ``new_tail``) unless
+    NUMBA_FLASH_DECODE_TAIL=old (the previous tail, kept for A/B timings)."""
+    return os.environ.get("NUMBA_FLASH_DECODE_TAIL", "new") != "old"
+
+
 def _counters(kind, device, n, stream):
     """int32 zeros (>= n) for the folded merge's arrival counters, one buffer per (device,
     stream): every launch leaves them at zero again, and launches on one stream are ordered.
@@ -819,7 +825,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
                   _dummy(kind, device, (1, 1, 1, 1), np.float32) if direct else lse_part)
         config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
                   has_tree, direct, bool(return_lse), block_n, stages, warps, not direct,
-                  _pdl_device(device), page_pow2, _pdl_late())
+                  _pdl_device(device), page_pow2, _pdl_late(), not direct and _new_tail())
         ints = (ratio, chunks, splits)
         floats = (scale * log2e, scale / cap, cap * log2e)
         ints2 = (left, right, int(sinks), tree_len, page_size, page_shift)
@@ -871,7 +877,8 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
                 if fold else _dummy(kind, device, (1,), np.int32)
             kern = mma_decode_kernel(head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                                      has_softcap, has_tree, direct, bool(return_lse), block_n,
-                                     stages, warps, fold, False, page_pow2)
+                                     stages, warps, fold, False, page_pow2, False,
+                                     not direct and _new_tail())
             kern[(-(-splits // warps), batch, heads_kv * chunks), 32 * warps, launch_stream](
                 qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
                 counters, ratio, chunks, splits, f32(scale * log2e), f32(scale / cap),

@@ -28,6 +28,7 @@ from numba import cuda
 from numba.cuda import types
 
 from .decodedev import cache_slot, split_keys
+from .decodesync import arrive_acq_rel, bcast0, ld2, st2
 from .jitcache import jit_kernel
 from .warp import (SIMULATOR, cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
                    cp_async_wait_3, exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16,
@@ -85,7 +86,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                            has_right: bool, has_sinks: bool, has_softcap: bool, has_tree: bool,
                            direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
                            fold: bool = False, pdl: bool = False, page_pow2: int = 0,
-                           pdl_late: bool = False):
+                           pdl_late: bool = False, new_tail: bool = True):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
@@ -117,6 +118,12 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     pages) then copy from offsets computed once per lane plus one ``block_table`` load per
     page of the tile (the "fast copy"); other tiles take the general per-copy lookup.
 
+    ``new_tail`` (with splits): the cheaper tail (docs/decode.md, "Folded merge"): 8-byte
+    partial-state stores, one acquire-release ``atom`` by lane 0 after ``__syncwarp`` instead of
+    a ``__threadfence`` (fence.sc) by every lane on each side, the last warp's own state taken
+    from registers, and a max-then-reduce-scatter combination of the lane groups. False keeps
+    the previous tail (NUMBA_FLASH_DECODE_TAIL=old, for A/B timings).
+
     Grid ``(ceil(n_splits / warps), B, Hkv * row_chunks)``, ``32 * warps`` threads;
     ``block_n`` a multiple of 16, ``stages`` in 2..4, within 48 KB of static shared memory.
     """
@@ -134,6 +141,14 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     ROWS = NW * S * BN
     QF, SF, OF = KS * 4, NS * 4, ND * 4     # fragment registers: Q, scores, output
     MF = 2 * ND                   # folded merge: one row's output pairs per lane
+    NEW_TAIL = bool(new_tail) and not direct
+    # New tail: reduce-scatter levels of the merge's group combination that keep whole output
+    # pairs in a lane (MF >> RS stays even): min(3, the power of two dividing ND).
+    RS = 0
+    while RS < 3 and ND % (2 << RS) == 0:
+        RS += 1
+    H0, H1, H2 = MF // 2, MF // 4, MF // 8
+    NR = MF >> RS                 # values a lane holds after RS scatter levels
     BF16 = bool(is_bf16)
     FOLD = bool(fold) and not direct
     PDL = bool(pdl)
@@ -489,6 +504,9 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                 if direct:
                     out[b, s0, h0, dn * 4 + t] = pack16(BF16, acc[dn * 4] * inv0,
                                                         acc[dn * 4 + 1] * inv0)
+                elif NEW_TAIL:
+                    st2(o_part, split, b, s0, h0, dn * 8 + 2 * t, acc[dn * 4] * inv0,
+                        acc[dn * 4 + 1] * inv0)
                 else:
                     o_part[split, b, s0, h0, dn * 8 + 2 * t] = acc[dn * 4] * inv0
                     o_part[split, b, s0, h0, dn * 8 + 2 * t + 1] = acc[dn * 4 + 1] * inv0
@@ -503,6 +521,9 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                 if direct:
                     out[b, s1, h1, dn * 4 + t] = pack16(BF16, acc[dn * 4 + 2] * inv1,
                                                         acc[dn * 4 + 3] * inv1)
+                elif NEW_TAIL:
+                    st2(o_part, split, b, s1, h1, dn * 8 + 2 * t, acc[dn * 4 + 2] * inv1,
+                        acc[dn * 4 + 3] * inv1)
                 else:
                     o_part[split, b, s1, h1, dn * 8 + 2 * t] = acc[dn * 4 + 2] * inv1
                     o_part[split, b, s1, h1, dn * 8 + 2 * t + 1] = acc[dn * 4 + 3] * inv1
@@ -513,7 +534,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                 else:
                     lse_part[split, b, h1, s1] = lse1
 
-        if FOLD:
+        if FOLD and not NEW_TAIL:
             cuda.threadfence()     # this lane's partial state is visible device-wide ...
             syncwarp()             # ... for every lane, before lane 0 signals
             cidx = b * cuda.gridDim.z + cuda.blockIdx.z
@@ -598,6 +619,201 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                 if lane == 0:
                     counters[cidx] = 0
 
+        if FOLD and NEW_TAIL:
+            # Arrival. Memory-model argument (PTX ISA, "Memory Consistency Model"):
+            # * Release: every lane's partial-state stores above precede this __syncwarp
+            #   (bar.warp.sync, which orders memory among the lanes taking part), which precedes
+            #   lane 0's atom.acq_rel.gpu in program order; the release side of that atom is
+            #   cumulative (it covers every write that precedes it in causality order, the other
+            #   lanes' included), so one atomic publishes the whole warp's state at GPU scope.
+            #   It replaces a fence.sc.gpu (MEMBAR.SC + L1 invalidation) by every lane.
+            # * Acquire: the warp that brings the counter to n_splits - 1 reads, through the
+            #   chain of atomic read-modify-writes on the counter (observation order relates a
+            #   write to a read through atomic RMWs), the value of every earlier warp's release:
+            #   its acquire synchronizes with all of them. The __syncwarp after it orders lane
+            #   0's acquire before every lane's loads of the other splits' states.
+            # CUTLASS's generic barrier (cutlass/barrier.h: __syncthreads, then one thread's
+            # red.release.gpu / ld.acquire.gpu) and cooperative groups' grid sync (one thread
+            # fences for its block after a block barrier) rely on the same cumulativity.
+            # The merge's lane layout and row indices do not depend on the arrival: computed
+            # here, they overlap the atomic's round trip instead of following it.
+            rl = chunk_rows
+            lr = 0
+            if rl > 1:
+                lr = 1
+            if rl > 2:
+                lr = 2
+            if rl > 4:
+                lr = 3
+            lg = 3 - lr
+            G = 1 << lg
+            slot = g & ((1 << lr) - 1)
+            j = g >> lr
+            mbase = 4 << lr              # lane-mask bit of j's bit 0
+            ls = min(lg, RS)
+            # Row slot (pass 0) and 8 + slot (pass 1): query head and query index (32-bit
+            # division: rows and seqlen_q are small).
+            rra = np.int32(chunk * 16 + slot)
+            gia = rra // np.int32(seqlen_q)
+            sqa = rra - gia * np.int32(seqlen_q)
+            hha = hk * heads_ratio + gia
+            rrb = rra + np.int32(8)
+            gib = rrb // np.int32(seqlen_q)
+            sqb = rrb - gib * np.int32(seqlen_q)
+            hhb = hk * heads_ratio + gib
+            syncwarp()
+            cidx = b * cuda.gridDim.z + cuda.blockIdx.z
+            arrived = np.int32(0)
+            if lane == 0:
+                arrived = arrive_acq_rel(counters, cidx)
+            arrived = bcast0(arrived)
+            if arrived == n_splits - 1:
+                syncwarp()         # lane 0's acquire precedes the reads below (see above)
+                # Last warp of the chunk: merge the chunk's rows. Lane group g takes row slot
+                # g % RP (RP = live rows rounded up to a power of two, at most 8; 16 rows take
+                # two passes) and every G-th split from j = g // RP (G = 8 / RP groups per row),
+                # two splits per iteration with all their loads issued together. Group j = 0 is
+                # lane group g = slot, which holds that row in its own accumulator: it starts
+                # from this warp's own state (registers), and this split is skipped in the
+                # loads. Then the groups of a row combine: max of their running maxima
+                # (lg shuffles), one rescale, a butterfly sum of the totals and a
+                # reduce-scatter of the MF sums (MF/2 + MF/4 + MF/8 shuffles, each lane then
+                # keeping MF/8 of the row's columns), so every lane of the row writes output.
+                macc = cuda.local.array(MF, types.float32)
+                xa = cuda.local.array(MF, types.float32)
+                xb = cuda.local.array(MF, types.float32)
+                for ps in range(2):
+                    if ps == 0 or rl > 8:
+                        live = ps * 8 + slot < rl
+                        sq = sqa if ps == 0 else sqb
+                        hh = hha if ps == 0 else hhb
+                        m = np.float32(NEG_INF)
+                        tot = np.float32(0.0)
+                        for e in range(MF):
+                            macc[e] = np.float32(0.0)
+                        if j == 0:           # this lane group holds row r: g == slot
+                            own = lse0 if ps == 0 else lse1
+                            if own != NEG_INF:
+                                m = own
+                                tot = np.float32(1.0)
+                                for dn in range(ND):
+                                    if ps == 0:
+                                        macc[2 * dn] = acc[dn * 4] * inv0
+                                        macc[2 * dn + 1] = acc[dn * 4 + 1] * inv0
+                                    else:
+                                        macc[2 * dn] = acc[dn * 4 + 2] * inv1
+                                        macc[2 * dn + 1] = acc[dn * 4 + 3] * inv1
+                        if live:
+                            # A skipped split (la or lb -inf, weight exp2(-inf) = 0) leaves xa /
+                            # xb as they were: zeros or an earlier split's (finite) values.
+                            for e in range(MF):
+                                xa[e] = np.float32(0.0)
+                                xb[e] = np.float32(0.0)
+                            for sp in range(j, n_splits, 2 * G):
+                                spb = sp + G
+                                oka = sp != split
+                                okb = spb < n_splits and spb != split
+                                la = np.float32(NEG_INF)
+                                lb = np.float32(NEG_INF)
+                                if oka:
+                                    la = lse_part[sp, b, hh, sq]
+                                    for dn in range(ND):
+                                        x0, x1 = ld2(o_part, sp, b, sq, hh, dn * 8 + 2 * t)
+                                        xa[2 * dn] = x0
+                                        xa[2 * dn + 1] = x1
+                                if okb:
+                                    lb = lse_part[spb, b, hh, sq]
+                                    for dn in range(ND):
+                                        x0, x1 = ld2(o_part, spb, b, sq, hh, dn * 8 + 2 * t)
+                                        xb[2 * dn] = x0
+                                        xb[2 * dn + 1] = x1
+                                mn = max(m, max(la, lb))
+                                mu = mn if mn != NEG_INF else np.float32(0.0)
+                                sc = exp2((m - mu) * np.float32(LOG2E))
+                                wa = exp2((la - mu) * np.float32(LOG2E))
+                                wb = exp2((lb - mu) * np.float32(LOG2E))
+                                m = mn
+                                tot = tot * sc + wa + wb
+                                for e in range(MF):
+                                    macc[e] = macc[e] * sc + wa * xa[e] + wb * xb[e]
+                        # Combine the G groups of the row (lane bits 2 + lr .. 4).
+                        mx = m
+                        for lv in range(3):
+                            if lv < lg:
+                                mx = max(mx, shfl_xor(mx, mbase << lv))
+                        mu = mx if mx != NEG_INF else np.float32(0.0)
+                        sc = exp2((m - mu) * np.float32(LOG2E))
+                        tot = tot * sc
+                        for lv in range(3):
+                            if lv < lg:
+                                tot += shfl_xor(tot, mbase << lv)
+                        for e in range(MF):
+                            macc[e] *= sc
+                        # Reduce-scatter: at level k the lane whose j bit k is set keeps the
+                        # upper half of its values, its partner the lower half.
+                        off = 0
+                        if lg > 0:
+                            if RS > 0:
+                                hi = (j & 1) != 0
+                                for i in range(H0):
+                                    snd = macc[i] if hi else macc[i + H0]
+                                    kp = macc[i + H0] if hi else macc[i]
+                                    macc[i] = kp + shfl_xor(snd, mbase)
+                                off += H0 if hi else 0
+                            else:
+                                for i in range(NR):
+                                    macc[i] += shfl_xor(macc[i], mbase)
+                        if lg > 1:
+                            if RS > 1:
+                                hi = (j & 2) != 0
+                                for i in range(H1):
+                                    snd = macc[i] if hi else macc[i + H1]
+                                    kp = macc[i + H1] if hi else macc[i]
+                                    macc[i] = kp + shfl_xor(snd, mbase << 1)
+                                off += H1 if hi else 0
+                            else:
+                                for i in range(NR):
+                                    macc[i] += shfl_xor(macc[i], mbase << 1)
+                        if lg > 2:
+                            if RS > 2:
+                                hi = (j & 4) != 0
+                                for i in range(H2):
+                                    snd = macc[i] if hi else macc[i + H2]
+                                    kp = macc[i + H2] if hi else macc[i]
+                                    macc[i] = kp + shfl_xor(snd, mbase << 2)
+                                off += H2 if hi else 0
+                            else:
+                                for i in range(NR):
+                                    macc[i] += shfl_xor(macc[i], mbase << 2)
+                        # Lanes that went through every scatter level they could hold MF >> ls
+                        # values (ls = min(lg, RS)); past RS levels the groups hold copies and
+                        # only those with the remaining j bits clear write.
+                        if live and (j >> ls) == 0:
+                            inv = np.float32(0.0)
+                            if tot > 0:
+                                inv = np.float32(1.0) / tot
+                            w0 = (off >> 1) * 4 + t
+                            if ls == 3:
+                                for q in range(H2 // 2):
+                                    out[b, sq, hh, w0 + q * 4] = pack16(
+                                        BF16, macc[2 * q] * inv, macc[2 * q + 1] * inv)
+                            elif ls == 2:
+                                for q in range(H1 // 2):
+                                    out[b, sq, hh, w0 + q * 4] = pack16(
+                                        BF16, macc[2 * q] * inv, macc[2 * q + 1] * inv)
+                            elif ls == 1:
+                                for q in range(H0 // 2):
+                                    out[b, sq, hh, w0 + q * 4] = pack16(
+                                        BF16, macc[2 * q] * inv, macc[2 * q + 1] * inv)
+                            else:
+                                for q in range(ND):
+                                    out[b, sq, hh, w0 + q * 4] = pack16(
+                                        BF16, macc[2 * q] * inv, macc[2 * q + 1] * inv)
+                            if write_lse and j == 0 and t == 0:
+                                lse[b, hh, sq] = mu + math.log(tot) if tot > 0 else NEG_INF
+                if lane == 0:
+                    counters[cidx] = 0
+
     return _jit(kernel, ("decode_mma", head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                          has_softcap, has_tree, direct, write_lse, block_n, stages, warps, fold,
-                         pdl, PAGE, PDL_LATE))
+                         pdl, PAGE, PDL_LATE, NEW_TAIL))
