@@ -672,10 +672,11 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                 # Last warp of the chunk: merge the chunk's rows. Lane group g takes row slot
                 # g % RP (RP = live rows rounded up to a power of two, at most 8; 16 rows take
                 # two passes) and every G-th split from j = g // RP (G = 8 / RP groups per row),
-                # two splits per iteration with all their loads issued together. Group j = 0 is
-                # lane group g = slot, which holds that row in its own accumulator: it starts
-                # from this warp's own state (registers), and this split is skipped in the
-                # loads. Then the groups of a row combine: max of their running maxima
+                # two splits per iteration with all their loads issued together; every split,
+                # this warp's own included, is read back from memory, so the summation order
+                # does not depend on which warp arrives last (results are bitwise
+                # reproducible; starting from the own state in registers saved one split's
+                # loads but changed the order with the arrival). Then the groups of a row combine: max of their running maxima
                 # (lg shuffles), one rescale, a butterfly sum of the totals and a
                 # reduce-scatter of the MF sums (MF/2 + MF/4 + MF/8 shuffles, each lane then
                 # keeping MF/8 of the row's columns), so every lane of the row writes output.
@@ -691,18 +692,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                         tot = np.float32(0.0)
                         for e in range(MF):
                             macc[e] = np.float32(0.0)
-                        if j == 0:           # this lane group holds row r: g == slot
-                            own = lse0 if ps == 0 else lse1
-                            if own != NEG_INF:
-                                m = own
-                                tot = np.float32(1.0)
-                                for dn in range(ND):
-                                    if ps == 0:
-                                        macc[2 * dn] = acc[dn * 4] * inv0
-                                        macc[2 * dn + 1] = acc[dn * 4 + 1] * inv0
-                                    else:
-                                        macc[2 * dn] = acc[dn * 4 + 2] * inv1
-                                        macc[2 * dn + 1] = acc[dn * 4 + 3] * inv1
                         if live:
                             # A skipped split (la or lb -inf, weight exp2(-inf) = 0) leaves xa /
                             # xb as they were: zeros or an earlier split's (finite) values.
@@ -711,8 +700,8 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                                 xb[e] = np.float32(0.0)
                             for sp in range(j, n_splits, 2 * G):
                                 spb = sp + G
-                                oka = sp != split
-                                okb = spb < n_splits and spb != split
+                                oka = True
+                                okb = spb < n_splits
                                 la = np.float32(NEG_INF)
                                 lb = np.float32(NEG_INF)
                                 if oka:
