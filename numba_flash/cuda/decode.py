@@ -43,6 +43,7 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
+from .device import current_device_id
 from .decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
 from .decodedev import cache_slot, split_keys
 from .jitcache import jit_kernel
@@ -627,7 +628,7 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
         lay, ndim, flat = _flat_param(x, kind, i in _WORD_ARRAYS)
         layouts.append((lay, ndim))
         params.extend(flat)
-    current = cuda.get_current_device().id
+    current = current_device_id()
     dev = current if device is None else device
     ctx = cuda.gpus[dev] if dev != current else launch._nullcontext()
     key = (config, tuple(layouts), dev)

@@ -29,11 +29,12 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
+from .device import compute_capability, current_device_id
 from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
                       chunk_classes, interval_visible, key_tiles)
 from .jitcache import jit_kernel
-from .hopper import (cp_async16_to, fence_proxy_async, shared_addr, sw128_desc, wgmma_commit,
-                     wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
+from .hopper import (cp_async4_to, cp_async16_to, fence_proxy_async, lds_i32x2, shared_addr,
+                     sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
 from .warp import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, exp2, ldmatrix_x4,
                    ldmatrix_x4_trans, lowest_bit, mma16, pack16, shfl_xor)
 
@@ -64,7 +65,6 @@ _ALWAYS = None if SIMULATOR else cuda.jit(device=True)(always_visible)
 
 
 WG_HEAD_DIMS = (64, 128)
-_WG_DEVICES: dict = {}
 
 
 def wgmma_device() -> bool:
@@ -73,11 +73,7 @@ def wgmma_device() -> bool:
     set to 0."""
     if SIMULATOR or os.environ.get("NUMBA_FLASH_WGMMA", "1") == "0":
         return False
-    dev = cuda.get_current_device()
-    ok = _WG_DEVICES.get(dev.id)
-    if ok is None:
-        ok = _WG_DEVICES[dev.id] = tuple(dev.compute_capability)[:2] == (9, 0)
-    return ok
+    return compute_capability(current_device_id()) == (9, 0)
 
 
 def mma_wgmma(head_dim: int) -> bool:
@@ -87,8 +83,9 @@ def mma_wgmma(head_dim: int) -> bool:
 
 def wgmma_smem_bytes(head_dim: int, block_n: int) -> int:
     """Dynamic shared memory of the wgmma path: Q (128 rows), K and V (block_n rows) tiles of
-    head_dim 16-bit values, plus 1 KB to align them to 1024 bytes."""
-    return (16 * (WG_THREADS // 32) + 2 * block_n) * head_dim * 2 + 1024
+    head_dim 16-bit values, the key tile's 4 interval bounds (int32, used by interval masks),
+    plus 1 KB to align the tiles to 1024 bytes."""
+    return (16 * (WG_THREADS // 32) + 2 * block_n) * head_dim * 2 + 16 * block_n + 1024
 
 
 def mma_block_n(head_dim: int, wgmma: bool = False) -> int:
@@ -277,6 +274,13 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     # 64-column blocks of rows x 128 bytes (hopper.py), and the size of one block.
     BLK_Q, BLK_K = BM * 128, BN * 128
     Q_OFF, K_OFF, V_OFF = 0, BM * D * 2, (BM + BN) * D * 2
+    # Interval masks on the wgmma path: the key tile's 4 bound vectors (4 x BN int32) travel
+    # with the K tile (4-byte cp.async) and the mask pass reads them from shared memory. From
+    # global memory, ptxas interleaved each column's loads with their uses (255 registers),
+    # so a partial tile waited for ~64 L2 round trips in a row.
+    IV_SMEM = WG and int(mask_kind) == INTERVALS
+    IV_OFF = (BM + 2 * BN) * D * 2
+    IV_PER_THREAD = 4 * BN // THREADS
     # Closure cells must be plain constants: the on-disk cache keys on their pickled bytes, and
     # an intrinsic object pickles differently in every process.
     BF16 = bool(is_bf16)
@@ -437,6 +441,12 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                     else:
                         cp_async16(ks, cp_row + ps * RPP, c ^ cp_swz, k, ab, src, hk, c,
                                    16 if ok else 0)
+            if IV_SMEM:
+                for u in range(IV_PER_THREAD):
+                    idx = tid + u * THREADS          # bound idx // BN of column idx % BN
+                    key = tile * BN + idx % BN
+                    cp_async4_to(sbase + IV_OFF + idx * 4, mk_iv, idx // BN,
+                                 key if key < seqlen_k else 0, 4 if key < seqlen_k else 0)
             cp_async_commit()
 
         while tile <= last:
@@ -571,9 +581,20 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                         for r in range(RUN_N):
                             row = wrow + (r >> 1) * 16 + g + 8 * (r & 1)
                             words[r] = mk_bits[min(row, seqlen_q - 1), wcol]
+                    if IV_SMEM:   # this thread's two columns of each bound: one 8-byte load
+                        ivc = sbase + IV_OFF + (j * 8 + 2 * t) * 4
+                        lts0, lts1 = lds_i32x2(ivc)
+                        lte0, lte1 = lds_i32x2(ivc + BN * 4)
+                        uts0, uts1 = lds_i32x2(ivc + BN * 8)
+                        ute0, ute1 = lds_i32x2(ivc + BN * 12)
                     for c in range(2):
                         kpos = k0 + j * 8 + 2 * t + c
-                        if KIND == INTERVALS:
+                        if IV_SMEM:
+                            lts = lts0 if c == 0 else lts1
+                            lte = lte0 if c == 0 else lte1
+                            uts = uts0 if c == 0 else uts1
+                            ute = ute0 if c == 0 else ute1
+                        elif KIND == INTERVALS:
                             col = min(kpos, seqlen_k - 1)
                             lts = mk_iv[0, col]
                             lte = mk_iv[1, col]
@@ -654,6 +675,12 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                         else:
                             cp_async16(ks, cp_row + ps * RPP, c ^ cp_swz, k, ab, src, hk, c,
                                        16 if ok else 0)
+                if IV_SMEM:
+                    for u in range(IV_PER_THREAD):
+                        idx = tid + u * THREADS
+                        key = nxt * BN + idx % BN
+                        cp_async4_to(sbase + IV_OFF + idx * 4, mk_iv, idx // BN,
+                                     key if key < seqlen_k else 0, 4 if key < seqlen_k else 0)
                 cp_async_commit()
 
             # O += P V: the S accumulator layout is the A-fragment layout, packed to 16 bits;

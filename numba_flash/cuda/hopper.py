@@ -36,7 +36,8 @@ from __future__ import annotations
 
 from .warp import SIMULATOR
 
-__all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "fence_proxy_async", "wgmma_fence",
+__all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async4_to", "lds_i32x2",
+           "fence_proxy_async", "wgmma_fence",
            "wgmma_commit", "wgmma_wait", "wgmma_ss", "wgmma_rs"]
 
 if not SIMULATOR:
@@ -97,6 +98,40 @@ if not SIMULATOR:
                                "r,l,r,~{memory}", side_effect=True)
             builder.call(asm, [d, g, n])
             return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async4_to(typingctx, saddr, src, s0, s1, src_bytes):
+        """4 bytes from ``&src[s0, s1]`` (global) to shared address ``saddr``; zero-filled
+        when ``src_bytes`` is 0."""
+        sig = types.void(saddr, src, s0, s1, src_bytes)
+
+        def codegen(context, builder, sig, args):
+            d = context.cast(builder, args[0], sig.args[0], types.uint32)
+            g = _item_pointer_i64(context, builder, sig.args[1], args[1], sig.args[2:4], args[2:4])
+            n = context.cast(builder, args[4], sig.args[4], types.int32)
+            fnty = ir.FunctionType(ir.VoidType(), [_I32, _I64, _I32])
+            asm = ir.InlineAsm(fnty, "cp.async.ca.shared.global [$0], [$1], 4, $2;",
+                               "r,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [d, g, n])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def lds_i32x2(typingctx, saddr):
+        """Two consecutive int32 at shared address ``saddr`` (8-byte aligned), one load."""
+        sig = types.UniTuple(types.int32, 2)(saddr)
+
+        def codegen(context, builder, sig, args):
+            d = context.cast(builder, args[0], sig.args[0], types.uint32)
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32, _I32]), [_I32])
+            asm = ir.InlineAsm(fnty, "ld.shared.v2.s32 {$0, $1}, [$2];", "=r,=r,r,~{memory}",
+                               side_effect=True)
+            res = builder.call(asm, [d])
+            vals = [builder.extract_value(res, i) for i in range(2)]
+            return context.make_tuple(builder, sig.return_type, vals)
 
         return sig, codegen
 
@@ -244,5 +279,6 @@ else:
     def _unavailable(*args):
         raise NotImplementedError("wgmma needs a compute-capability 9.0 GPU (not the simulator)")
 
-    shared_addr = sw128_desc = cp_async16_to = fence_proxy_async = _unavailable
+    shared_addr = sw128_desc = cp_async16_to = cp_async4_to = lds_i32x2 = _unavailable
+    fence_proxy_async = _unavailable
     wgmma_fence = wgmma_commit = wgmma_wait = wgmma_ss = wgmma_rs = _unavailable

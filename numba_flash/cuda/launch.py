@@ -28,8 +28,15 @@ from numba.cuda import types
 from numba.np.numpy_support import from_dtype as numba_from_dtype
 
 from . import forward, maskdev
+from .device import current_device_id
 from .maskplan import dummy_arrays, plan_mask
 from .warp import SIMULATOR
+
+if not SIMULATOR:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray as _DeviceNDArray
+else:
+    class _DeviceNDArray:  # nothing is an instance: no caching in the simulator
+        pass
 
 if not SIMULATOR:  # already imported by numba.cuda's dispatcher on a real GPU
     from cuda.core import LaunchConfig as _CoreLaunchConfig
@@ -550,7 +557,14 @@ def _alibi_array(slopes, kind: str, batch: int, heads_q: int):
 
 def _device_array_arg(x):
     """(Numba type, flattened parameters) of a device array argument (anything with
-    ``__cuda_array_interface__``: Numba device arrays, CuPy, ...)."""
+    ``__cuda_array_interface__``: Numba device arrays, CuPy, ...). Numba device arrays (the mask
+    plans' and the placeholders, reused by every call) keep theirs: their pointer and shape
+    never change."""
+    numba_array = isinstance(x, _DeviceNDArray)
+    if numba_array:
+        cached = x.__dict__.get("_nf_launch_arg")
+        if cached is not None:
+            return cached
     cai = x.__cuda_array_interface__
     dtype = np.dtype(cai["typestr"])
     shape = tuple(cai["shape"])
@@ -561,7 +575,10 @@ def _device_array_arg(x):
             strides.insert(0, acc)
             acc *= n
     lay, flat = _flat_array(cai["data"][0], shape, tuple(strides), dtype.itemsize)
-    return types.Array(numba_from_dtype(dtype), len(shape), lay), flat
+    arg = (types.Array(numba_from_dtype(dtype), len(shape), lay), flat)
+    if numba_array:
+        x.__dict__["_nf_launch_arg"] = arg
+    return arg
 
 
 def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, heads_ratio,
@@ -610,7 +627,7 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
     else:
         fdt = np.float64 if _FULL_NAMES[dtype_name] else np.float32
         elem = types.float64 if fdt is np.float64 else types.float32
-    current = cuda.get_current_device().id
+    current = current_device_id()
     dev = current if device is None else device
     ctx = cuda.gpus[device] if dev != current else _nullcontext()
     smem = dynamic_smem_bytes(dtype_name, arrays[0].shape[-1])

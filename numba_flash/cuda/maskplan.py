@@ -26,6 +26,7 @@ from numba_flash_reference.intervals import NotRepresentableError
 from numba_flash_reference.masks import IntersectionMask, MaskModMask
 
 from . import tiles
+from .device import current_device_id
 from .maskdev import BITMASK, INTERVALS, MASK_MOD, NONE
 from .warp import SIMULATOR
 
@@ -61,7 +62,7 @@ def _to_device(x):
 
 
 def _device_key():
-    return 0 if SIMULATOR else cuda.get_current_device().id
+    return current_device_id()
 
 
 def dummy_arrays() -> _Dummies:
