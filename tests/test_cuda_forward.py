@@ -354,3 +354,88 @@ def test_gpu_no_quadratic_memory():
     expected = out.nbytes + lse.nbytes
     assert extra <= expected + (1 << 20), (extra, expected)
     assert not bool(cp.isnan(out).any())
+
+
+# ------------------------------------------------------------------ the wgmma path (Hopper)
+def test_wgmma_geometry():
+    """Two warpgroups, 128-row query tiles, 128-key tiles; dynamic shared memory for the Q, K
+    and V tiles, the interval bounds and the 1 KB alignment slack; the mma.sync geometry is
+    unchanged when the path is off (and the simulator never takes it)."""
+    from numba_flash.cuda import forward
+
+    assert forward.mma_threads(True) == 256 and forward.mma_threads(False) == 128
+    assert forward.mma_block_m(128, True) == 128 and forward.mma_m_tiles(128, True) == 1
+    assert forward.mma_block_m(128) == 128 and forward.mma_block_m(256) == 64
+    assert forward.mma_block_n(128, True) == 128
+    assert forward.wgmma_smem_bytes(128, 128) == 3 * 128 * 128 * 2 + 4 * 128 * 4 + 1024
+    assert forward.wgmma_smem_bytes(64, 128) == 3 * 128 * 64 * 2 + 4 * 128 * 4 + 1024
+    if SIMULATOR:
+        assert not forward.mma_wgmma(128)
+        assert launch.dynamic_smem_bytes("float16", 128) == 0
+        assert launch.tile_shape("float16", 128) == (forward.mma_block_m(128),
+                                                     forward.mma_block_n(128))
+
+
+@gpu
+@pytest.mark.parametrize("case", [
+    ("float16", 2, 333, 517, 4, 2, 128, False, (-1, -1), 0, None),
+    ("bfloat16", 1, 300, 300, 2, 1, 128, True, (-1, -1), 0, None),
+    ("float16", 1, 129, 300, 2, 2, 128, False, (64, 0), 4, None),
+    ("bfloat16", 2, 257, 257, 2, 2, 64, False, (-1, -1), 0, 20.0),
+    ("float16", 1, 500, 700, 3, 1, 64, True, (-1, -1), 0, None),
+], ids=lambda c: "-".join(map(str, c)))
+def test_gpu_wgmma_and_mma_sync_paths(case, monkeypatch):
+    """On a compute-capability 9.0 GPU the half-precision kernels at head_dim 64 / 128 take the
+    wgmma path; it and the mma.sync path (NUMBA_FLASH_WGMMA=0) both meet the 2x rule on the same
+    random inputs (odd sizes, several 128-row query tiles, GQA, window + sinks, softcap)."""
+    from numba_flash.cuda import forward
+
+    for flag in ("1", "0"):
+        monkeypatch.setenv("NUMBA_FLASH_WGMMA", flag)
+        assert launch._wgmma(case[0], case[6]) == (flag == "1" and forward.wgmma_device())
+        check_case(np.random.default_rng(31), *case)
+
+
+def test_wgmma_kernel_compiles_offline():
+    """The wgmma kernels (plain, causal, interval mask) assemble for sm_90a with warpgroup
+    matrix instructions and no local memory. Needs NVVM and ptxas (the NVIDIA pip wheels named
+    in scripts/kernel_resources.py); skipped where they are missing (CI)."""
+    import os
+    import subprocess
+    import sys
+
+    try:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+        import kernel_resources
+        kernel_resources._tool("ptxas")
+    except (SystemExit, ImportError):
+        pytest.skip("ptxas / NVVM wheels not installed")
+    finally:
+        sys.path.pop(0)
+    code = (
+        "import os, sys; os.environ['NUMBA_ENABLE_CUDASIM'] = '0'; sys.path.insert(0, 'scripts')\n"
+        "import kernel_resources as kr\n"
+        "from numba_flash.cuda import forward\n"
+        "for d, causal, kind in ((128, False, 0), (64, True, 0), (128, False, 1)):\n"
+        "    kern = forward.make_mma_kernel(d, d == 64, False, causal, False, False, True, 128,\n"
+        "                                   mask_kind=kind, m_tiles=1, wgmma=True)\n"
+        "    r = kr.report(kern.py_func, kr.forward_signature(True), cc=(9, 0, 'a'))\n"
+        "    print(d, causal, kind, r['sass'].count('HGMMA'), r['n_ldl'], r['spill_stores'])\n")
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    try:
+        res = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                             text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail("offline compile took over 10 minutes")
+    # NVVM and NVRTC come from the NVIDIA wheels (or a CUDA toolkit); a machine with ptxas on
+    # its PATH but without them (CI's has nvcc alone) cannot compile offline: skip, naming why.
+    missing = ("NVVM", "libnvvm", "libnvrtc", "DynamicLibNotFoundError")
+    if res.returncode != 0 and any(word in res.stderr for word in missing):
+        pytest.skip("NVVM / NVRTC not available: " + res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [line.split() for line in res.stdout.strip().splitlines()]
+    assert len(rows) == 3
+    for d, _, _, n_hgmma, n_ldl, spills in rows:
+        # one HGMMA per k-step of Q K^T (d / 16) and of P V (128 / 16 keys)
+        assert int(n_hgmma) == int(d) // 16 + 8 and int(n_ldl) == 0 and int(spills) == 0, rows
