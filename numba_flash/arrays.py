@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ArrayInfo", "describe", "describe_all", "bfloat16_dtype", "ACCEPTED"]
+__all__ = ["ArrayInfo", "describe", "describe_all", "bfloat16_dtype", "dtype_name", "ACCEPTED"]
 
 ACCEPTED = ("a NumPy ndarray (CPU mode), or a GPU array exposing __cuda_array_interface__ "
             "(CuPy array, PyTorch CUDA tensor, Numba device array)")
@@ -39,6 +39,24 @@ def bfloat16_dtype() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+_DTYPE_NAMES: dict = {}
+
+
+def dtype_name(dtype) -> str:
+    """``np.dtype(dtype).name``, cached: NumPy computes a dtype's name in Python on every access
+    (a few microseconds), and one attention call asks for it a dozen times."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except (KeyError, TypeError):
+        pass
+    name = np.dtype(dtype).name
+    try:
+        _DTYPE_NAMES[dtype] = name
+    except TypeError:   # an unhashable dtype-like: answer without caching
+        pass
+    return name
+
+
 def _type_name(obj) -> str:
     cls = type(obj)
     module = cls.__module__
@@ -50,6 +68,8 @@ def _names_bfloat16(obj) -> bool:
     dtype = getattr(obj, "dtype", None)
     if dtype is None:
         return False
+    if isinstance(dtype, np.dtype):
+        return dtype_name(dtype) == "bfloat16"
     name = getattr(dtype, "name", None)
     return (isinstance(name, str) and name == "bfloat16") or str(dtype).endswith("bfloat16")
 

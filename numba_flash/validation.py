@@ -15,7 +15,7 @@ import numpy as np
 from numba_flash_reference.attention import check_alibi_slopes, check_softcap, check_softmax_scale
 from numba_flash_reference.masks import Mask, check_window_size, mask_from_flags
 
-from .arrays import describe, describe_all
+from .arrays import describe, describe_all, dtype_name
 
 __all__ = ["Problem", "validate", "SUPPORTED_DTYPES", "BACKENDS", "cuda_simulator_enabled",
            "check_bool", "check_sinks", "check_mask", "check_backend_value", "resolve_backend",
@@ -182,13 +182,13 @@ def _check_shapes(infos: dict) -> tuple:
 
 
 def _check_dtypes(infos: dict) -> np.dtype:
-    names = {name: info.dtype.name for name, info in infos.items()}
+    names = {name: dtype_name(info.dtype) for name, info in infos.items()}
     if len(set(names.values())) > 1:
         got = ", ".join(f"{n} {d}" for n, d in names.items())
         raise TypeError(f"q, k and v must have the same dtype, got {got}")
     dtype = infos["q"].dtype
-    if dtype.name not in SUPPORTED_DTYPES:
-        raise TypeError(f"q, k and v have dtype {dtype.name}; expected one of "
+    if names["q"] not in SUPPORTED_DTYPES:
+        raise TypeError(f"q, k and v have dtype {names['q']}; expected one of "
                         f"{', '.join(SUPPORTED_DTYPES)} (bfloat16 is ml_dtypes.bfloat16 for NumPy)")
     return dtype
 

@@ -14,7 +14,7 @@ import pytest
 
 import numba_flash
 from numba_flash import api, validation
-from numba_flash.arrays import describe, describe_all
+from numba_flash.arrays import describe, describe_all, dtype_name
 from numba_flash_reference.masks import CausalMask, Mask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +106,14 @@ def test_gpu_interface_strides_and_device_are_read():
 ])
 def test_bfloat16_is_recognised_on_gpu_arrays(obj):
     assert describe(obj, "q").dtype == np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "float32", np.dtype("<f8"), np.dtype(">f4"),
+                                   np.dtype(ml_dtypes.bfloat16), np.int32, "V2"])
+def test_dtype_name_is_numpys_name(dtype):
+    """The cached name equals NumPy's, on the first call and on a cached one."""
+    assert dtype_name(dtype) == np.dtype(dtype).name
+    assert dtype_name(dtype) == np.dtype(dtype).name
 
 
 @pytest.mark.parametrize("obj, hint", [

@@ -27,6 +27,7 @@ from numba import cuda
 from numba.cuda import types
 from numba.np.numpy_support import from_dtype as numba_from_dtype
 
+from ..arrays import dtype_name as _cached_dtype_name
 from . import forward, maskdev
 from .device import current_device_id
 from .maskplan import dummy_arrays, plan_mask
@@ -74,7 +75,7 @@ def _array_kind(x) -> str:
 def _dtype_name(x) -> str:
     if type(x).__module__.split(".")[0] == "torch":
         return str(x.dtype).replace("torch.", "")
-    name = np.dtype(x.dtype).name if hasattr(x, "dtype") else "void16"
+    name = _cached_dtype_name(x.dtype) if hasattr(x, "dtype") else "void16"
     if name == "void16":  # a bare "<V2" interface: bfloat16, as numba_flash.arrays reads it
         from ..arrays import describe
 

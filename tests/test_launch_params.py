@@ -1,0 +1,104 @@
+"""The direct launch's parameter block, checked without a GPU.
+
+On a GPU, ``launch._launch_fast`` packs every kernel argument itself (Numba's flattened array
+layout: meminfo, parent, size, itemsize, data, shape..., strides...) and hands the list to
+``cuda.core.launch``; the simulator never takes that path. Here a subprocess imports the real
+launcher with the driver calls stubbed out (``scripts/host_overhead_cpu.py``), captures what
+would be launched, and compares it with the layout written out by hand.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+_CAPTURE = r"""
+import ctypes, json, math, sys
+sys.path.insert(0, "scripts")
+import host_overhead_cpu as h
+h.stub_driver(cc=tuple(json.loads(sys.argv[1])))
+from numba_flash.cuda import launch
+import numba_flash
+from numba_flash import masks
+captured = []
+launch._core_launch = lambda stream, config, kernel, *params: captured.append((config, params))
+def plain(x):
+    return x.value if isinstance(x, (ctypes.c_int64, ctypes.c_float, ctypes.c_double)) else x
+q = h.FakeGPUArray((2, 200, 4, 64), "float16", ptr=0x10000)
+k = h.FakeGPUArray((2, 70, 2, 64), "float16", ptr=0x20000)
+v = h.FakeGPUArray((2, 70, 2, 64), "float16", ptr=0x30000)
+out, lse = numba_flash.attention(q, k, v, causal=True, return_lse=True, softcap=30.0)
+numba_flash.attention(q, k, v, mask=masks.causal_document([30, 40]))
+rows = [[list(c), [plain(p) for p in params]] for c, params in captured]
+print(json.dumps({"calls": rows, "out": [out.data.ptr, list(out.shape)],
+                  "lse": [lse.data.ptr, list(lse.shape)]}))
+"""
+
+
+def _capture(cc=(9, 0)):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    res = subprocess.run([sys.executable, "-c", _CAPTURE, json.dumps(list(cc))], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode != 0 and "cuda.core" in res.stderr and "ImportError" in res.stderr:
+        pytest.skip("cuda.core is not importable here: " + res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _flat(ptr, shape, itemsize):
+    """Numba's flattened C-contiguous array argument."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.insert(0, step)
+        step *= n
+    size = 1
+    for n in shape:
+        size *= n
+    return [0, 0, size, itemsize, ptr, *shape, *strides]
+
+
+@pytest.mark.parametrize("cc", [(9, 0), (8, 0)], ids=["sm90-wgmma", "sm80-mma-sync"])
+def test_direct_launch_parameters(cc):
+    got = _capture(cc)
+    (config, params), (mask_config, mask_params) = got["calls"]
+    out_ptr, out_shape = got["out"]
+    lse_ptr, lse_shape = got["lse"]
+    assert out_shape == [2, 200, 4, 64] and lse_shape == [2, 4, 200]
+
+    # q, k, v and out as uint32 words (pairs along head_dim), lse as float32
+    expect = []
+    for ptr, shape in ((0x10000, (2, 200, 4, 32)), (0x20000, (2, 70, 2, 32)),
+                       (0x30000, (2, 70, 2, 32)), (out_ptr, (2, 200, 4, 32))):
+        expect += _flat(ptr, shape, 4)
+    expect += _flat(lse_ptr, (2, 4, 200), 4)
+    scale, cap, log2e = 64 ** -0.5, 30.0, 1 / math.log(2)
+    expect += [200, 70, 2]                                         # seqlen_q, seqlen_k, GQA ratio
+    expect += [scale * log2e, scale / cap, cap * log2e]           # float32 scalars
+    expect += [-1, 0, 0]                                          # causal: window (-1, 0), no sinks
+    n_fixed = len(expect)
+    assert len(params) > n_fixed
+    for i, (a, b) in enumerate(zip(params[:n_fixed], expect)):
+        assert a == pytest.approx(b, rel=1e-6), (i, a, b)
+
+    # geometry: one block per 128-row query tile and (batch x head): two warpgroups of one
+    # m-tile (wgmma, sm_90 only) or four warps of two m-tiles (mma.sync)
+    grid, threads, smem = config
+    assert grid == [2, 2 * 4]
+    assert threads == (256 if cc == (9, 0) else 128)
+    assert (smem > 48 * 1024) == (cc == (9, 0))
+
+    # the masked call: same leading block with lse omitted (null placeholder), window (-1, -1),
+    # then the interval arrays of the mask plan as the first trailing argument
+    assert mask_config[0] == grid and mask_config[1] == threads
+    # a 4-D array is 13 parameters (5 + 4 shape + 4 strides), the 3-D lse 11, then 6 scalars
+    assert mask_params[4 * 13 + 4] == 0                 # lse placeholder: no data pointer
+    lead = 4 * 13 + 11 + 6
+    assert mask_params[lead:lead + 3] == [-1, -1, 0]
+    iv = mask_params[lead + 3:lead + 3 + 9]
+    assert iv[2:4] == [4 * 70, 4] and iv[5:7] == [4, 70]   # (4, seqlen_k) int32 intervals
