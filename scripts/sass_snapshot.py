@@ -1,0 +1,106 @@
+"""SASS of a fixed set of forward-kernel configurations, offline, to prove a refactor changes no
+machine code.
+
+    python scripts/sass_snapshot.py DIR              # write DIR/<config>.sass and DIR/summary.txt
+    python scripts/sass_snapshot.py DIR --compare OLD  # ... and diff every kernel against OLD/
+
+Needs what scripts/kernel_resources.py needs (NVVM, ptxas and cuobjdump / nvdisasm from the
+NVIDIA wheels; no GPU). The configurations cover every code path of forward.py's three kernels:
+the mma.sync kernel (both m-tile counts, register and shared-memory Q, window, sinks, softcap,
+each mask kind, varlen, ALiBi), the wgmma kernel (sm_90a: plain, causal, interval mask) and the
+exact float32 / float64 kernel (the same options). Identical SASS means identical behaviour and
+speed, so a change that passes ``--compare`` needs no new GPU run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import kernel_resources as kr  # noqa: E402  (sets NUMBA_ENABLE_CUDASIM=0)
+
+from numba_flash.cuda import forward  # noqa: E402
+from numba_flash.cuda.maskdev import BITMASK, INTERVALS, NONE  # noqa: E402
+
+# name: (dtype, head_dim, (has_left, has_right, has_sinks, has_softcap, write_lse), extra)
+_FLAGS = {"plain": (False, False, False, False, True), "causal": (False, True, False, False, True),
+          "window_sinks": (True, True, True, False, True), "softcap": (False, False, False, True, False)}
+CONFIGS = []
+for _dt, _d in (("float16", 64), ("bfloat16", 128), ("float16", 256), ("float32", 64),
+                ("float64", 128)):
+    for _flag in _FLAGS:
+        CONFIGS.append((f"{_dt}_d{_d}_{_flag}", _dt, _d, _FLAGS[_flag], {}, False))
+    for _kind, _kname in ((INTERVALS, "intervals"), (BITMASK, "bitmask")):
+        CONFIGS.append((f"{_dt}_d{_d}_{_kname}_causal", _dt, _d, _FLAGS["causal"],
+                        {"mask_kind": _kind}, False))
+    CONFIGS.append((f"{_dt}_d{_d}_varlen_alibi", _dt, _d, _FLAGS["causal"],
+                    {"varlen": True, "has_alibi": True}, False))
+for _d in (64, 128):
+    for _flag in ("plain", "causal", "window_sinks"):
+        CONFIGS.append((f"wgmma_float16_d{_d}_{_flag}", "float16", _d, _FLAGS[_flag], {}, True))
+    CONFIGS.append((f"wgmma_bfloat16_d{_d}_intervals", "bfloat16", _d, _FLAGS["causal"],
+                    {"mask_kind": INTERVALS}, True))
+CONFIGS.append(("wgmma_float16_d128_bitmask", "float16", 128, _FLAGS["plain"],
+                {"mask_kind": BITMASK}, True))
+
+
+def build(dtype: str, head_dim: int, flags, extra: dict, wgmma: bool):
+    """(py_func, signature, cc) of one configuration."""
+    if dtype in ("float16", "bfloat16"):
+        kern = forward.make_mma_kernel(head_dim, dtype == "bfloat16", *flags,
+                                       forward.mma_block_n(head_dim, wgmma),
+                                       m_tiles=forward.mma_m_tiles(head_dim, wgmma), wgmma=wgmma,
+                                       **extra)
+        sig = kr.forward_signature(True)
+    else:
+        itemsize = 8 if dtype == "float64" else 4
+        kern = forward.make_fma_kernel(head_dim, dtype == "float64", *flags,
+                                       forward.fma_block_n(head_dim, itemsize), **extra)
+        sig = kr.forward_signature(False, dtype == "float64")
+    return kern.py_func, sig, ((9, 0, "a") if wgmma else (9, 0))
+
+
+def _strip(sass: str) -> str:
+    """The instructions alone (cuobjdump's header names the temporary file)."""
+    return "\n".join(line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--compare", default=None, help="a previous snapshot's folder")
+    ap.add_argument("--only", default=None, help="substring of the configuration names to run")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rows, differ = [], []
+    for name, dtype, d, flags, extra, wg in CONFIGS:
+        if args.only and args.only not in name:
+            continue
+        py_func, sig, cc = build(dtype, d, flags, extra, wg)
+        r = kr.report(py_func, sig, cc=cc)
+        sass = _strip(r["sass"])
+        with open(os.path.join(args.out, name + ".sass"), "w") as f:
+            f.write(sass + "\n")
+        verdict = ""
+        if args.compare:
+            old_path = os.path.join(args.compare, name + ".sass")
+            old = open(old_path).read().rstrip("\n") if os.path.exists(old_path) else None
+            verdict = "missing" if old is None else ("same" if old == sass else "DIFFERENT")
+            if verdict != "same":
+                differ.append(name)
+        row = (f"{name:34} regs {r['regs']:3} spills {r['spill_stores']}/{r['spill_loads']} "
+               f"instructions {sass.count(chr(10)) + 1:5} {verdict}")
+        rows.append(row)
+        print(row, flush=True)
+    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+        f.write("\n".join(rows) + "\n")
+    if args.compare:
+        print(f"{len(rows) - len(differ)} of {len(rows)} kernels have identical SASS"
+              + (f"; different: {', '.join(differ)}" if differ else ""))
+        sys.exit(1 if differ else 0)
+
+
+if __name__ == "__main__":
+    main()
