@@ -17,8 +17,8 @@ import numpy as np
 from numba_flash_reference.attention import check_softmax_scale
 from numba_flash_reference.masks import TreeMask
 
-from .arrays import describe_all, dtype_name
-from .validation import SUPPORTED_DTYPES, check_options, resolve_backend
+from .arrays import describe_all
+from .validation import check_dtypes, check_options, resolve_backend
 
 __all__ = ["decode", "decode_cpu", "gather_cache"]
 
@@ -188,13 +188,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
     if heads_q % heads_kv:
         raise ValueError(f"heads_q must be a multiple of heads_kv, got q.shape[2]={heads_q} and "
                          f"k_cache.shape[2]={heads_kv}")
-    names = {n: dtype_name(infos[n].dtype) for n in ("q", "k_cache", "v_cache")}
-    if len(set(names.values())) > 1:
-        raise TypeError(f"q, k_cache and v_cache must share one dtype, got "
-                        f"{', '.join(f'{n} {d}' for n, d in names.items())}")
-    if names["q"] not in SUPPORTED_DTYPES:
-        raise TypeError(f"q, k_cache and v_cache have dtype {names['q']}; expected one of "
-                        f"{', '.join(SUPPORTED_DTYPES)}")
+    check_dtypes(infos, ("q", "k_cache", "v_cache"))
     if paged:
         _check_int_array(infos["block_table"], "block_table", 2, (batch,), "(batch, max_pages)")
         page_size = ki.shape[1]

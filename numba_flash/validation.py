@@ -19,7 +19,7 @@ from .arrays import describe, describe_all, dtype_name
 
 __all__ = ["Problem", "validate", "SUPPORTED_DTYPES", "BACKENDS", "cuda_simulator_enabled",
            "check_bool", "check_sinks", "check_mask", "check_backend_value", "resolve_backend",
-           "Options", "check_options"]
+           "Options", "check_options", "check_dtypes"]
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
 BACKENDS = ("auto", "cpu", "cuda")
@@ -181,16 +181,18 @@ def _check_shapes(infos: dict) -> tuple:
     return batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
 
 
-def _check_dtypes(infos: dict) -> np.dtype:
-    names = {name: dtype_name(info.dtype) for name, info in infos.items()}
-    if len(set(names.values())) > 1:
-        got = ", ".join(f"{n} {d}" for n, d in names.items())
-        raise TypeError(f"q, k and v must have the same dtype, got {got}")
-    dtype = infos["q"].dtype
-    if names["q"] not in SUPPORTED_DTYPES:
-        raise TypeError(f"q, k and v have dtype {names['q']}; expected one of "
+def check_dtypes(infos: dict, names=("q", "k", "v")) -> np.dtype:
+    """The one dtype of the arrays ``names`` (keys of ``infos``, ArrayInfo values); TypeError
+    naming each array's dtype when they differ or when it is not a supported dtype."""
+    dtypes = {name: dtype_name(infos[name].dtype) for name in names}
+    listed = ", ".join(names[:-1]) + " and " + names[-1]
+    if len(set(dtypes.values())) > 1:
+        got = ", ".join(f"{n} {d}" for n, d in dtypes.items())
+        raise TypeError(f"{listed} must have the same dtype, got {got}")
+    if dtypes[names[0]] not in SUPPORTED_DTYPES:
+        raise TypeError(f"{listed} have dtype {dtypes[names[0]]}; expected one of "
                         f"{', '.join(SUPPORTED_DTYPES)} (bfloat16 is ml_dtypes.bfloat16 for NumPy)")
-    return dtype
+    return infos[names[0]].dtype
 
 
 def _check_gpu_strides(infos: dict) -> None:
@@ -263,7 +265,7 @@ def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1),
         backend=backend, causal=causal, return_lse=return_lse, window_size=window_size,
         sinks=sinks, mask=mask, softcap=softcap)
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = _check_shapes(infos)
-    dtype = _check_dtypes(infos)
+    dtype = check_dtypes(infos)
     softmax_scale = check_softmax_scale(softmax_scale, head_dim)
     chosen = resolve_backend(backend, kind, stream)
     if kind == "cuda":

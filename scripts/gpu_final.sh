@@ -11,6 +11,9 @@
 #   (h) with PROBE=1: scripts/decode_short_probe.py back to back and under ncu (kernel durations);
 #   (f) with DECODE=1: scripts/bench_decode.py's table (every shape, fp16 / bf16, contiguous and
 #       paged caches, SDPA flash / cuDNN peers); DECODE_ARGS adds options.
+#   (i) with PROFILE=1: host time per call: scripts/mask_profile.py --profile (single-call,
+#       device and host time of masked calls, ours and FlexAttention, then cProfile of ours)
+#       and scripts/decode_host_profile.py.
 # Each step has its own time limit; logs in $OUT, packed into logs.tar.gz at the end.
 #   bash scripts/gpu_final.sh            (SKIP_PRELUDE=1: environment ready; TESTS_ONLY=1: (a), (b))
 set -uo pipefail
@@ -72,7 +75,7 @@ if [ -n "${OLD_TREE:-}" ]; then
 fi
 
 echo "=== (e) bench_masks set $(date +%T)"
-timeout "${MASKS_LIMIT:-100}" python3 scripts/bench_masks.py --reps 3 --dtypes float16 --no-sweep --no-naive \
+timeout "${MASKS_LIMIT:-100}" python3 scripts/bench_masks.py --reps 3 --dtypes "${MASK_DTYPES:-float16}" --no-sweep --no-naive \
   --json "$OUT/bench_masks_set.json" 2>&1 | tee "$OUT/bench_masks_set.log" | tail -30
 
 fi
@@ -102,6 +105,14 @@ if [ "${DECODE:-0}" = 1 ]; then
   echo "=== (f) bench_decode $(date +%T)"
   timeout "${DECODE_LIMIT:-240}" python3 scripts/bench_decode.py ${DECODE_ARGS:-} --out "$OUT/bench_decode.json" \
     --plot "$OUT/bench_decode.png" 2>&1 | tee "$OUT/bench_decode.log" | tail -45
+fi
+
+if [ "${PROFILE:-0}" = 1 ]; then
+  echo "=== (i) host time per call $(date +%T)"
+  timeout 150 python3 scripts/mask_profile.py --profile > "$OUT/mask_profile.log" 2>&1
+  grep -v "Warn\|warn(" "$OUT/mask_profile.log" | head -45
+  timeout 60 python3 scripts/decode_host_profile.py > "$OUT/decode_host_profile.log" 2>&1
+  head -25 "$OUT/decode_host_profile.log"
 fi
 
 echo "=== done $(date +%T)"

@@ -1,4 +1,4 @@
-"""Host (Python) time of one ``numba_flash.attention`` GPU call, measured without a GPU.
+"""Host (Python) time of one ``numba_flash.attention`` / ``decode`` GPU call, without a GPU.
 
 The GPU path of ``attention`` spends host time in two places: our Python (validation, the
 kernel's key and geometry, packing the launch parameters) and the driver or the array library
@@ -7,7 +7,8 @@ alone, on any machine: it imports the real launcher (not the simulator), stubs o
 that needs a driver (device queries, the output allocation, the stream, the compiled-kernel
 lookup, ``cuda.core.launch``; the parameters are still packed by cuda.core's ParamHolder) and
 times complete calls on fake CuPy-like arrays, plain, with the causal flag and with a mask
-object whose device plan is cached (as after a first call).
+object whose device plan is cached (as after a first call), and ``numba_flash.decode`` on a
+contiguous and a paged cache (tensor-core kernel, merge folded in).
 
     python scripts/host_overhead_cpu.py [--profile] [--calls 3000]
 
@@ -29,6 +30,7 @@ import numpy as np  # noqa: E402
 
 import numba_flash  # noqa: E402
 from numba_flash import masks  # noqa: E402
+from numba_flash.cuda import decode as decode_gpu  # noqa: E402
 from numba_flash.cuda import device, forward, launch, maskplan  # noqa: E402
 
 
@@ -98,6 +100,27 @@ def stub_driver(cc=(9, 0)):
     launch.plan_mask = plan_mask
     launch.dummy_arrays = lambda: dummies
 
+    # decode: device properties, its cached small buffers, the compiled-kernel table
+    decode_gpu.current_device_id = zero
+    decode_gpu._sm_count = lambda dev: 132
+    decode_gpu._pdl_device = lambda dev: True
+    buffers = {}
+
+    def small_buffer(kind, dev, shape, dtype):
+        key = (shape, np.dtype(dtype).str)
+        if key not in buffers:
+            buffers[key] = FakeGPUArray(shape, dtype)
+        return buffers[key]
+
+    decode_gpu._dummy = small_buffer
+    decode_gpu._counters = lambda kind, dev, n, stream: small_buffer(kind, dev, (4096,), np.int32)
+
+    class AnyKernel(dict):
+        def get(self, key, default=None):
+            return object()
+
+    decode_gpu._FAST_LAUNCHERS = AnyKernel()
+
 
 def per_call_us(fn, calls: int, rounds: int = 5) -> float:
     """Best over rounds of the mean microseconds per call."""
@@ -129,6 +152,20 @@ def main():
     for name, kw in cases.items():
         us = per_call_us(lambda: numba_flash.attention(q, k, v, **kw), args.calls)
         print(f"  {name:24} {us:7.1f} us per call")
+    bq, hq, hkv, cap = 8, 32, 8, 32768
+    dq = FakeGPUArray((bq, 1, hq, d), "float16")
+    kc, vc = (FakeGPUArray((bq, cap, hkv, d), "float16", ptr=p) for p in (1 << 24, 1 << 28))
+    lens = FakeGPUArray((bq,), "int32")
+    pages = (FakeGPUArray((bq * cap // 64, 64, hkv, d), "float16", ptr=p) for p in (1 << 24, 1 << 28))
+    kp, vp = pages
+    table = FakeGPUArray((bq, cap // 64), "int32")
+    print(f"numba_flash.decode host time with the driver stubbed, (B, Hq, Hkv, L, D) = "
+          f"({bq}, {hq}, {hkv}, {cap}, {d}) float16")
+    for name, call in (
+            ("contiguous cache", lambda: numba_flash.decode(dq, kc, vc, cache_seqlens=lens)),
+            ("paged cache (64-row pages)", lambda: numba_flash.decode(
+                dq, kp, vp, cache_seqlens=lens, block_table=table))):
+        print(f"  {name:26} {per_call_us(call, args.calls):7.1f} us per call")
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

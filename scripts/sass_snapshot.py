@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import kernel_resources as kr  # noqa: E402  (sets NUMBA_ENABLE_CUDASIM=0)
 
 from numba_flash.cuda import forward  # noqa: E402
-from numba_flash.cuda.maskdev import BITMASK, INTERVALS, NONE  # noqa: E402
+from numba_flash.cuda.maskdev import BITMASK, INTERVALS  # noqa: E402
 
 # name: (dtype, head_dim, (has_left, has_right, has_sinks, has_softcap, write_lse), extra)
 _FLAGS = {"plain": (False, False, False, False, True), "causal": (False, True, False, False, True),

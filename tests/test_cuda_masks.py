@@ -211,6 +211,26 @@ def test_gpu_interval_memory_is_linear():
     assert nbytes == 16 * n + 32 * (n // 64)
 
 
+def test_plan_resolves_the_stream_only_when_it_builds():
+    """plan_mask takes the launch stream as a function and calls it only on the call that
+    builds the plan (resolving the caller's stream costs host time on every call otherwise);
+    the second call returns the cached plan."""
+    from numba_flash.cuda.maskplan import plan_mask
+
+    calls = []
+
+    def stream():
+        calls.append(1)
+        return 0
+
+    m = masks.causal_document([40, 60])
+    first = plan_mask(m, 1, 1, 100, 100, 64, 64, False, stream)
+    second = plan_mask(m, 1, 1, 100, 100, 64, 64, False, stream)
+    assert len(calls) == 1 and second is first
+    assert np.array_equal(np.asarray(first.iv if SIMULATOR else first.iv.copy_to_host()),
+                          m.column_intervals(100, 100).stacked())
+
+
 def _far_masks(sq, sk):
     """Masks whose visible key tiles lie in the first and in the second group of 32 tiles."""
     rng = np.random.default_rng(sk)

@@ -366,7 +366,7 @@ def test_bad_arguments(kwargs, exc, pattern):
 
 def test_bad_shapes_and_dtypes():
     q, k, v = _small()
-    with pytest.raises(TypeError, match="must share one dtype"):
+    with pytest.raises(TypeError, match="q, k_cache and v_cache must have the same dtype"):
         numba_flash.decode(q, k.astype(np.float32), v)
     with pytest.raises(TypeError, match="expected one of"):
         numba_flash.decode(q.astype(np.int16), k.astype(np.int16), v.astype(np.int16))
@@ -513,3 +513,30 @@ def test_counter_buffers_keyed_by_stream():
     assert _stream_key(Numbaish(1234)) == 1234
     assert _stream_key(Numbaish(None)) == 0            # the legacy default stream
     assert _stream_key(object()) is None               # unknown: fresh zeros, never shared
+
+
+def test_flat_param_of_numba_arrays_is_read_once():
+    """The direct launch flattens a Numba device array (dummies, counters) once and keeps the
+    result: the interface is read on the first call only, and the parameters are Numba's
+    layout (meminfo, parent, size, itemsize, data, shape, strides)."""
+    from numba_flash.cuda.decode import _flat_param
+
+    class DeviceArray:          # stands for a numba.cuda DeviceNDArray
+        reads = 0
+        shape, strides = (3, 4), (16, 4)
+
+        class dtype:            # noqa: N801 - mimics an ndarray's dtype attribute
+            itemsize = 4
+
+        @property
+        def __cuda_array_interface__(self):
+            type(self).reads += 1
+            return {"data": (0x1000, False), "shape": self.shape, "strides": self.strides,
+                    "typestr": "<i4", "version": 3}
+
+    DeviceArray.__module__ = "numba.cuda.cudadrv.devicearray"
+    x = DeviceArray()
+    first = _flat_param(x, "cupy", False)
+    second = _flat_param(x, "cupy", False)
+    assert first == second == ("C", 2, [0, 0, 12, 4, 0x1000, 3, 4, 16, 4])
+    assert DeviceArray.reads == 1

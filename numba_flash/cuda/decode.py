@@ -43,10 +43,12 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
+from . import launch
 from .device import current_device_id
 from .decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
 from .decodedev import cache_slot, split_keys
 from .jitcache import jit_kernel
+from .merge import OUT_BF16, OUT_F16, launch_merge
 from .warp import SIMULATOR, exp2, pack_bf16, pack_f16, shfl_xor
 
 __all__ = ["make_decode_kernel", "decode_geometry", "DECODE_WARPS", "MAX_ROWS", "ld_v4",
@@ -592,10 +594,14 @@ def _elem_types():
 
 
 def _flat_param(x, kind, as_words):
-    """(layout, ndim, flattened Numba array parameters) of a kernel array argument."""
-    from . import launch
-
-    if type(x).__module__.startswith("numba"):   # a Numba device array (dummies, counters)
+    """(layout, ndim, flattened Numba array parameters) of a kernel array argument. A Numba
+    device array (the dummies, the counters) keeps its result: its pointer, shape and strides
+    never change, and reading its ``__cuda_array_interface__`` costs microseconds per call."""
+    numba_array = type(x).__module__.startswith("numba")
+    if numba_array:
+        cached = x.__dict__.get("_nf_flat_param", {}).get(as_words)
+        if cached is not None:
+            return cached
         ptr = int(x.__cuda_array_interface__["data"][0] or 0)
         shape, strides, itemsize = x.shape, x.strides, x.dtype.itemsize
     else:
@@ -604,7 +610,10 @@ def _flat_param(x, kind, as_words):
         shape, strides = launch._as_words(ptr, shape, strides)
         itemsize = 4
     lay, flat = launch._flat_array(ptr, tuple(shape), tuple(strides), itemsize)
-    return lay, len(shape), flat
+    result = (lay, len(shape), flat)
+    if numba_array:
+        x.__dict__.setdefault("_nf_flat_param", {})[as_words] = result
+    return result
 
 
 def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, threads, stream,
@@ -616,8 +625,6 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
     from Numba's disk cache) once per (configuration, layouts, device).
     """
     import ctypes
-
-    from . import launch
 
     raw = launch._raw_stream_handle(stream, kind, like)
     n_units = grid[1] * grid[2]
@@ -655,8 +662,6 @@ _PDL_CONFIGS: dict = {}
 
 def _pdl_config(grid, threads):
     """A cuda.core launch configuration with programmatic stream serialization."""
-    from . import launch
-
     cfg = _PDL_CONFIGS.get((grid, threads))
     if cfg is None:
         try:
@@ -738,9 +743,6 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     last keys of each sequence) or None. Returns out (B, Sq, Hq, D) in q's dtype, and lse
     float32 (B, Hq, Sq) with ``return_lse``. Launches on ``stream`` or the current stream.
     """
-    from . import launch
-    from .merge import OUT_BF16, OUT_F16, launch_merge
-
     kind, dtype_name, device = launch._check_gpu_inputs(q, k_cache, v_cache)
     if dtype_name not in ("float16", "bfloat16"):
         raise TypeError(f"decode on the GPU takes float16 or bfloat16 q / k_cache / v_cache, got "

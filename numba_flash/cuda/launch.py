@@ -472,7 +472,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         # Mask objects, ALiBi, varlen: the same direct launch, with their arrays appended.
         plan, extra = _mask_arguments(mask, alibi_slopes, varlen, kind, dtype_name, head_dim,
                                       batch, heads_q, seqlen_q, seqlen_k,
-                                      _resolve_stream(stream, kind, q))
+                                      lambda: _resolve_stream(stream, kind, q))
         has_alibi = alibi_slopes is not None
         _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
                      heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
@@ -526,7 +526,8 @@ def _mask_arguments(mask, alibi_slopes, varlen, kind, dtype_name, head_dim, batc
                     seqlen_q, seqlen_k, launch_stream):
     """The mask plan and the kernel's trailing array arguments, in kernel order: mask intervals,
     their min/max, class table, bitmask words, cu_seqlens q and k, ALiBi slopes (dummies for
-    what the call does not use)."""
+    what the call does not use). ``launch_stream``: a stream, or a function returning it (see
+    ``plan_mask``)."""
     block_m, block_n = tile_shape(dtype_name, head_dim)
     plan = plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, block_m, block_n,
                      varlen is not None, launch_stream)

@@ -107,7 +107,9 @@ def plan_mask(mask, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, bloc
 
     batch, heads_q, seqlen_q, seqlen_k: the problem (max lengths for a packed batch); block_m,
     block_n: the kernel's tile shape. With ``varlen`` only a mask_mod is accepted (evaluated per
-    element in every tile: sequences have their own lengths).
+    element in every tile: sequences have their own lengths). ``stream``: where the first call
+    builds the plan, or a function of no arguments returning it (called only then: resolving
+    the caller's stream costs more host time than a cached plan's lookup).
     """
     d = dummy_arrays()
     if mask is None:
@@ -121,6 +123,8 @@ def plan_mask(mask, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int, bloc
         # The per-key-tile min/max of the intervals (FlashMask's preprocessing) is computed
         # here, once: mask objects are immutable, so recomputing it at every call (a Numba
         # dispatcher launch, ~0.1 ms of host time) would give the same vectors.
+        if callable(stream):
+            stream = stream()
         plan = store[pkey] = _plan_mask(mask, d, batch, heads_q, seqlen_q, seqlen_k, block_m,
                                         block_n, varlen, stream)
         if not SIMULATOR:   # once: later calls may come on other streams
