@@ -29,7 +29,7 @@ def _load_attention_cuda():
 def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
               mask=None, softcap=None, alibi_slopes=None, return_lse=False, backend="auto",
               stream=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-              max_seqlen_k=None):
+              max_seqlen_k=None, score_mod=None):
     """Exact scaled dot-product attention (FlashAttention), on the GPU or on the CPU.
 
     Parameters
@@ -62,6 +62,16 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     alibi_slopes : float32 array (heads_q,) or (batch, heads_q), optional
         ALiBi: ``-slope * |i - j|`` (aligned positions) is added to every score after the
         softcap (flash-attn's convention). Same kind of array as q.
+    score_mod : callable, optional
+        ``score_mod(score, b, h, q_idx, kv_idx) -> float`` (FlexAttention's): a plain Python
+        function applied to every score after the softcap and ALiBi, before the mask; ``b`` is
+        the batch index (the sequence of a packed batch), ``h`` the query head, ``q_idx`` the
+        query's aligned position (``row + seqlen_k - seqlen_q``), ``kv_idx`` the key's, all
+        ints; ``score`` is the natural-log score (float32 in the float16 / bfloat16 / float32
+        kernels, float64 in the float64 one and in CPU mode). On the GPU Numba compiles it into
+        the kernel (it may read captured arrays: indices are always inside the sequences); CPU
+        mode calls it on NumPy arrays when its body allows, else once per score. Returning -inf
+        hides a pair like a mask, but only masks let tiles be skipped.
     return_lse : bool
         Also return the log-sum-exp of each query row.
     cu_seqlens_q, cu_seqlens_k : int32 arrays (batch + 1,), optional
@@ -108,12 +118,14 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
                        return_lse=return_lse, backend=backend, stream=stream,
                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                       max_seqlen_k=max_seqlen_k)
+                       max_seqlen_k=max_seqlen_k, score_mod=score_mod)
     options = dict(softmax_scale=problem.softmax_scale, causal=problem.causal,
                    window_size=problem.window_size, sinks=problem.sinks, mask=problem.mask,
                    softcap=problem.softcap, return_lse=problem.return_lse)
     if problem.alibi_slopes is not None:
         options["alibi_slopes"] = problem.alibi_slopes
+    if problem.score_mod is not None:
+        options["score_mod"] = problem.score_mod
     if problem.backend == "cpu":
         if problem.varlen is not None:
             from .varlen import attention_varlen_cpu

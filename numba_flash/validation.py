@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numba_flash_reference.attention import check_alibi_slopes, check_softcap, check_softmax_scale
+from numba_flash_reference.attention import (check_alibi_slopes, check_score_mod, check_softcap,
+                                             check_softmax_scale)
 from numba_flash_reference.masks import Mask, check_window_size, mask_from_flags
 
 from .arrays import describe, describe_all, dtype_name
@@ -56,6 +57,7 @@ class Problem:
     infos: dict
     alibi_slopes: object = None   # None, or the caller's (heads_q,) / (batch, heads_q) array
     varlen: object = None         # None, or a numba_flash.varlen.Varlen
+    score_mod: object = None      # None, or the caller's fn(score, b, h, q_idx, kv_idx)
 
 
 def cuda_simulator_enabled() -> bool:
@@ -239,7 +241,7 @@ def _check_alibi(alibi_slopes, kind: str, batch: int, heads_q: int):
 def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
              mask=None, softcap=None, return_lse=False, backend="auto", stream=None,
              alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-             max_seqlen_k=None) -> Problem:
+             max_seqlen_k=None, score_mod=None) -> Problem:
     """Check every argument of ``numba_flash.attention`` and return the normalised Problem.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
@@ -276,6 +278,7 @@ def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1),
     elif combined is not None:
         combined._check_sizes(seqlen_q, seqlen_k)
     alibi_slopes = _check_alibi(alibi_slopes, kind, batch, heads_q)
+    score_mod = check_score_mod(score_mod)
     return Problem(kind, chosen, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype,
                    softmax_scale, causal, window_size, sinks, mask, softcap, return_lse, infos,
-                   alibi_slopes, varlen)
+                   alibi_slopes, varlen, score_mod)

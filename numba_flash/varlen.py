@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numba_flash_reference.masks import MaskModMask
+
 from .arrays import describe
 
 __all__ = ["Varlen", "check_varlen", "attention_varlen_cpu"]
@@ -107,14 +109,36 @@ def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q
                   _check_max("max_seqlen_k", max_seqlen_k, 0), host_q, host_k)
 
 
-def attention_varlen_cpu(q, k, v, varlen: Varlen, *, alibi_slopes=None, return_lse=False,
-                         **options):
+def _score_mod_in_sequence(score_mod, seq: int):
+    """``score_mod`` seen from one sequence of a packed batch run as batch 1: b is ``seq``, as
+    in the GPU kernel."""
+    if score_mod is None:
+        return None
+
+    def per_sequence(score, b, h, q_idx, kv_idx):
+        return score_mod(score, seq, h, q_idx, kv_idx)
+
+    return per_sequence
+
+
+def _mask_in_sequence(mask, seq: int):
+    """A (b, h)-dependent ``masks.mask_mod`` seen from one sequence run as batch 1: b is
+    ``seq``, as in the GPU kernel; other masks as they are."""
+    if not (isinstance(mask, MaskModMask) and mask.batch_head):
+        return mask
+    fn = mask.fn
+    return MaskModMask(lambda b, h, q_idx, kv_idx: fn(seq, h, q_idx, kv_idx), batch_head=True)
+
+
+def attention_varlen_cpu(q, k, v, varlen: Varlen, *, alibi_slopes=None, score_mod=None,
+                         mask=None, return_lse=False, **options):
     """CPU mode for a packed batch: the reference per sequence, rounded once to the input dtype.
 
     q (total_q, Hq, D), k / v (total_k, Hkv, D) NumPy arrays of one float dtype; ``options`` are
     ``attention_cpu``'s (softmax_scale, causal, window_size, sinks, mask, softcap); a mask must
-    fit every sequence's lengths. alibi_slopes: (Hq,) or (B, Hq). Returns out (total_q, Hq, D)
-    in q's dtype, and lse float32 (Hq, total_q) with ``return_lse``.
+    fit every sequence's lengths. alibi_slopes: (Hq,) or (B, Hq). score_mod and a (b, h)-dependent
+    mask_mod: called with b = the sequence's index in the batch. Returns out (total_q, Hq, D) in q's dtype, and lse float32
+    (Hq, total_q) with ``return_lse``.
     """
     from .cpu import attention_cpu
 
@@ -129,7 +153,8 @@ def attention_varlen_cpu(q, k, v, varlen: Varlen, *, alibi_slopes=None, return_l
             continue  # no query row, or no key: rows stay 0 with lse -inf
         per_seq = None if slopes is None else (slopes if slopes.ndim == 1 else slopes[s])
         o, l = attention_cpu(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], return_lse=True,
-                             alibi_slopes=per_seq, **options)
+                             alibi_slopes=per_seq, score_mod=_score_mod_in_sequence(score_mod, s),
+                             mask=_mask_in_sequence(mask, s), **options)
         out[q0:q1] = o[0]
         lse[:, q0:q1] = l[0]
     return (out, lse) if return_lse else out

@@ -1,9 +1,10 @@
 """Exact dense attention in float64, and the argument checks every front end shares.
 
 Scores ``s = scale * q.k`` (scale defaults to 1/sqrt(head_dim)), then ``softcap * tanh(s /
-softcap)`` when a softcap is given, then the mask (``masks.mask_from_flags``: causal / window /
-sinks flags intersected with an optional ``Mask``). Softmax over the visible keys of each query
-row; a row with no visible key gives output 0 and lse -inf.
+softcap)`` when a softcap is given, then the ALiBi bias, then ``score_mod(s, b, h, q_idx, kv_idx)``
+when one is given, then the mask (``masks.mask_from_flags``: causal / window / sinks flags
+intersected with an optional ``Mask``). Softmax over the visible keys of each query row; a row
+with no visible key (or whose visible scores are all -inf) gives output 0 and lse -inf.
 
 The checks (``check_shapes``, ``check_softmax_scale``, ``check_softcap``, ``check_problem``) work on
 shapes and plain numbers, so a front end holding CuPy arrays can run them before dispatching.
@@ -17,10 +18,11 @@ import ml_dtypes
 import numpy as np
 
 from . import masks as _masks
+from .elementwise import call_elementwise
 
 __all__ = ["attention", "check_shapes", "check_input_dtype", "check_softmax_scale", "check_softcap",
-           "check_problem", "check_alibi_slopes", "Problem", "visible_block", "visible_bh",
-           "as_float_arrays"]
+           "check_problem", "check_alibi_slopes", "check_score_mod", "Problem", "visible_block",
+           "visible_bh", "as_float_arrays", "apply_score_mod"]
 
 # Score elements (batch * heads_q * rows * keys) per query-row chunk: 2**21 float64 = 16 MiB, so a
 # chunk's temporaries stay small (16 MiB each) unless one row of scores is larger.
@@ -39,6 +41,7 @@ class Problem(NamedTuple):
     softcap: float | None
     mask: _masks.Mask | None  # None: every pair visible
     alibi_slopes: np.ndarray | None = None  # float64 (batch, heads_q), or None
+    score_mod: object = None                # fn(score, b, h, q_idx, kv_idx) -> float, or None
 
     @property
     def group(self) -> int:
@@ -145,9 +148,26 @@ def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int) -> np.ndarray | N
     return arr
 
 
+def check_score_mod(score_mod):
+    """``score_mod``: None or a callable ``fn(score, b, h, q_idx, kv_idx) -> float``."""
+    if score_mod is None or callable(score_mod):
+        return score_mod
+    raise TypeError(f"score_mod must be None or a function fn(score, b, h, q_idx, kv_idx) -> "
+                    f"float, got {type(score_mod).__name__} {score_mod!r}")
+
+
+def apply_score_mod(score_mod, s: np.ndarray, b, h, q_idx, kv_idx) -> np.ndarray:
+    """``score_mod`` applied to every score of ``s`` (float64, any shape); ``b``, ``h``,
+    ``q_idx`` (aligned query positions), ``kv_idx`` (key positions) are integer arrays that
+    broadcast to ``s``. One vectorised call when the function allows, else one call per score
+    (``elementwise.call_elementwise``). Returns float64 of ``s``'s shape."""
+    got = call_elementwise(score_mod, (s, b, h, q_idx, kv_idx), "fiu")
+    return np.array(np.broadcast_to(got, s.shape), dtype=np.float64)
+
+
 def check_problem(q_shape, k_shape, v_shape, *, softmax_scale=None, causal=False,
                   window_size=(-1, -1), sinks=0, mask=None, softcap=None,
-                  alibi_slopes=None) -> Problem:
+                  alibi_slopes=None, score_mod=None) -> Problem:
     """Run every argument check of ``attention`` on shapes and scalars; return a ``Problem``.
 
     The mask fields are combined with ``masks.mask_from_flags`` and checked against the sequence
@@ -160,7 +180,8 @@ def check_problem(q_shape, k_shape, v_shape, *, softmax_scale=None, causal=False
     if combined is not None:
         combined._check_sizes(sq, sk)
     slopes = check_alibi_slopes(alibi_slopes, b, hq)
-    return Problem(b, sq, sk, hq, hkv, d, scale, cap, combined, slopes)
+    return Problem(b, sq, sk, hq, hkv, d, scale, cap, combined, slopes,
+                   check_score_mod(score_mod))
 
 
 def visible_block(mask: _masks.Mask | None, seqlen_q: int, seqlen_k: int, rows, cols) -> np.ndarray:
@@ -238,6 +259,10 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
             dist = np.abs(rows_ + (problem.seqlen_k - sq) - cols).astype(np.float64)
             slopes = problem.alibi_slopes.reshape(b, hkv, g, 1, 1)
             s -= slopes * dist
+        if problem.score_mod is not None:   # batch b, query head h = kv head * g + index
+            s = apply_score_mod(problem.score_mod, s, np.arange(b).reshape(b, 1, 1, 1, 1),
+                                np.arange(hq).reshape(1, hkv, g, 1, 1),
+                                rows_ + (problem.seqlen_k - sq), cols)
         if problem.mask is not None and problem.mask.depends_on_batch_head:
             s[~visible_bh(problem.mask, b, hq, hkv, sq, problem.seqlen_k, rows_, cols)] = -np.inf
         else:
@@ -259,7 +284,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
-              mask=None, softcap=None, alibi_slopes=None, return_lse=False):
+              mask=None, softcap=None, alibi_slopes=None, score_mod=None, return_lse=False):
     """Exact attention, computed in float64.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); any real
@@ -268,8 +293,11 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
 
     softmax_scale: score scale, default 1/sqrt(head_dim). softcap: None/0.0 (off) or > 0, giving
     ``softcap * tanh(s / softcap)``. alibi_slopes: None, or float (heads_q,) or (batch, heads_q):
-    ``-slope * |i - j|`` (aligned positions) is added after the softcap. causal, window_size=(left, right) (-1 = unbounded), sinks and
-    mask (a ``masks.Mask``) select the visible pairs, with bottom-right alignment when
+    ``-slope * |i - j|`` (aligned positions) is added after the softcap. score_mod: None, or
+    ``fn(score, b, h, q_idx, kv_idx) -> float`` (FlexAttention's), applied to every score after
+    the softcap and ALiBi, before the mask: b the batch index, h the query head, q_idx the query's
+    aligned position, kv_idx the key's. causal, window_size=(left, right) (-1 = unbounded),
+    sinks and mask (a ``masks.Mask``) select the visible pairs, with bottom-right alignment when
     seqlen_q != seqlen_k (query row r sits at position r + seqlen_k - seqlen_q).
 
     Returns out, float64 (batch, seqlen_q, heads_q, head_dim); with ``return_lse`` the tuple
@@ -281,6 +309,6 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     q, k, v = as_float_arrays(q, k, v)
     problem = check_problem(q.shape, k.shape, v.shape, softmax_scale=softmax_scale, causal=causal,
                             window_size=window_size, sinks=sinks, mask=mask, softcap=softcap,
-                            alibi_slopes=alibi_slopes)
+                            alibi_slopes=alibi_slopes, score_mod=score_mod)
     out, lse = _attend(q, k, v, problem, 0, problem.seqlen_k)
     return (out, lse) if return_lse else out

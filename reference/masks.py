@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .elementwise import call_elementwise
 from .intervals import (ColumnIntervals, NotRepresentableError, intervals_from_dense,
                         intervals_from_position_runs)
 
@@ -905,19 +906,7 @@ class MaskModMask(Mask):
         return self._visible_bh(0, 0, qpos, kpos, seqlen_k)
 
     def _visible_bh(self, b, h, qpos, kpos, seqlen_k):
-        shape = np.broadcast_shapes(np.shape(qpos), np.shape(kpos))
-        try:
-            with np.errstate(all="ignore"):
-                got = np.asarray(self.fn(b, h, qpos, kpos))
-            if got.dtype.kind in "bui" and np.broadcast_shapes(got.shape, shape) == shape:
-                return np.broadcast_to(got != 0, shape)
-        except Exception:  # not vectorisable: evaluate pair by pair below
-            pass
-        qb, kb = np.broadcast_arrays(qpos, kpos)
-        out = np.empty(shape, dtype=bool)
-        for idx in np.ndindex(*shape):
-            out[idx] = bool(self.fn(b, h, int(qb[idx]), int(kb[idx])))
-        return out
+        return call_elementwise(self.fn, (b, h, qpos, kpos), "bui") != 0
 
     def __repr__(self):
         name = getattr(self.fn, "__name__", type(self.fn).__name__)

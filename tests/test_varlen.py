@@ -50,6 +50,24 @@ def test_cpu_varlen_alibi_per_sequence_slopes():
     np.testing.assert_allclose(out[3:], ref[0], atol=1e-13)
 
 
+def test_cpu_varlen_batch_head_mask_mod_sees_the_sequence_as_b():
+    """A (b, h)-dependent mask_mod gets the sequence's index as b in CPU mode, as in the GPU
+    kernel (it used to get 0 for every sequence)."""
+    rng = np.random.default_rng(4)
+    lens = [4, 6, 5]
+    q, k, v, cu_q, cu_k = _packed(rng, lens, lens, hq=2, hkv=1)
+    # sequence b sees b + 1 keys back (per head h: one more for h = 1)
+    mod = numba_flash.masks.mask_mod(lambda b, h, qi, kv: (kv <= qi) & (qi - kv <= b + h),
+                                     batch_head=True)
+    out = numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, mask=mod)
+    for s in range(len(lens)):
+        q0, q1 = cu_q[s], cu_q[s + 1]
+        for h in range(2):
+            ref = reference(q[None, q0:q1, h:h + 1], k[None, q0:q1], v[None, q0:q1],
+                            window_size=(s + h, 0))
+            np.testing.assert_allclose(out[q0:q1, h], ref[0, :, 0], atol=1e-13)
+
+
 def test_varlen_validation_messages():
     rng = np.random.default_rng(3)
     q, k, v, cu_q, cu_k = _packed(rng, [2, 3], [2, 3])

@@ -31,7 +31,7 @@ from numba.cuda import types
 
 from .device import compute_capability, current_device_id
 from .maskdev import (BITMASK, INTERVALS, MASK_MOD, NONE, always_visible, bit_visible,
-                      chunk_classes, interval_visible, key_tiles)
+                      chunk_classes, interval_visible, key_tiles, score_unchanged)
 from .jitcache import jit_kernel
 from .hopper import (cp_async4_to, cp_async16_to, fence_proxy_async, lds_i32x2, shared_addr,
                      sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
@@ -51,7 +51,7 @@ LN2 = 0.6931471805599453
 
 def _jit(fn, config, cache=True):
     # On-disk caching, one cache index per configuration (jitcache.py). A kernel holding a
-    # user's mask_mod is not cached on disk (its closure holds a dispatcher).
+    # user's mask_mod or score_mod is not cached on disk (its closure holds a dispatcher).
     return jit_kernel(fn, config, cache)
 
 
@@ -61,7 +61,14 @@ def _mask_mod_device(mask_mod):
     return mask_mod if SIMULATOR else cuda.jit(device=True)(mask_mod)
 
 
+def _score_mod_device(score_mod):
+    if score_mod is None:
+        return score_unchanged if SIMULATOR else _UNCHANGED
+    return score_mod if SIMULATOR else cuda.jit(device=True)(score_mod)
+
+
 _ALWAYS = None if SIMULATOR else cuda.jit(device=True)(always_visible)
+_UNCHANGED = None if SIMULATOR else cuda.jit(device=True)(score_unchanged)
 
 
 WG_HEAD_DIMS = (64, 128)
@@ -206,7 +213,7 @@ def fma_block_m(head_dim: int, itemsize: int) -> int:
 def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                     has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int,
                     mask_kind: int = NONE, varlen: bool = False, has_alibi: bool = False,
-                    mask_mod=None, m_tiles: int = 1, wgmma: bool = False):
+                    mask_mod=None, m_tiles: int = 1, wgmma: bool = False, score_mod=None):
     """Build the tensor-core kernel for one configuration (all arguments compile-time).
 
     Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2,
@@ -217,7 +224,10 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     B * Hq), mk_bits uint32 bitmask words. ``varlen``: q/k/v/out are (1, total, H, D/2), lse
     (1, Hq, total_q), sequence b owns rows cu_q[b]:cu_q[b+1] and keys cu_k[b]:cu_k[b+1].
     ``has_alibi``: alibi float32 (B, Hq) slopes, ``-slope * |i - j|`` added after the softcap. With softcap the base-2 score is
-    ``cap_out * tanh(cap_in * q.k)``, else ``scale_log2 * q.k``.
+    ``cap_out * tanh(cap_in * q.k)``, else ``scale_log2 * q.k``. ``score_mod``: the user's
+    ``fn(score, b, h, q_idx, kv_idx)``, compiled in and applied after the softcap and ALiBi to
+    the natural-log score (the kernel's base-2 score times ln 2; the result times log2 e), with
+    q_idx and kv_idx clamped into the sequence (rows and keys past it are never used).
 
     Pipeline per key tile (FlashAttention-2's): wait for K, barrier, start the V copy
     (cp.async), S = Q K^T from ldmatrix fragments, online softmax, wait for V, barrier, start
@@ -289,6 +299,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     VARLEN = bool(varlen)
     ALIBI = bool(has_alibi)
     mod = _mask_mod_device(mask_mod)
+    SCORE_MOD = score_mod is not None
+    smod = _score_mod_device(score_mod)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
@@ -569,6 +581,11 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                         if ALIBI:
                             qpos = wrow + mt * 16 + g + 8 * (e >> 1) + offset
                             x -= slope * abs(qpos - kpos)
+                        if SCORE_MOD:   # natural-log score in, indices inside the sequence
+                            qc = min(wrow + mt * 16 + g + 8 * (e >> 1), seqlen_q - 1) + offset
+                            kc = min(kpos, seqlen_k - 1)
+                            x = np.float32(smod(x * np.float32(LN2), b, h, qc, kc)) * \
+                                np.float32(LOG2E)
                         s[mt * SF + j * 4 + e] = x
             # Per-element masking in its own pass behind one block-uniform branch, so that
             # tiles without masked pairs run straight-line code. A key column's mask data (4
@@ -756,20 +773,22 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                                                    if l > 0 else NEG_INF)
 
     return _jit(kernel, ("mma", D, BF16, has_left, has_right, has_sinks, has_softcap, write_lse,
-                         BN, KIND, VARLEN, ALIBI, MT, WG), cache=mask_mod is None)
+                         BN, KIND, VARLEN, ALIBI, MT, WG, SCORE_MOD),
+                cache=mask_mod is None and score_mod is None)
 
 
 def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
                     has_sinks: bool, has_softcap: bool, write_lse: bool, block_n: int,
                     mask_kind: int = NONE, varlen: bool = False, has_alibi: bool = False,
-                    mask_mod=None):
+                    mask_mod=None, score_mod=None):
     """Build the exact CUDA-core kernel (float32 or float64) for one configuration.
 
     Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in,
     cap_out, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k,
     alibi)`` (mask, varlen and alibi arguments as in ``make_mma_kernel``); q/k/v/out in the
     working dtype (B, S, H, D), lse float32 (B, Hq, Sq). Scores are natural-log: ``scale * q.k``,
-    or with softcap ``cap_out * tanh(cap_in * q.k)``. Launch with ``fma_threads(D, itemsize)``
+    or with softcap ``cap_out * tanh(cap_in * q.k)``, then ALiBi, then ``score_mod`` (as in
+    ``make_mma_kernel``, in the working dtype). Launch with ``fma_threads(D, itemsize)``
     threads per block; a block owns ``fma_block_m(D, itemsize)`` query rows.
 
     Layout: ``TPR = fma_lanes_per_row(D, itemsize)`` consecutive lanes (a lane group) share
@@ -811,6 +830,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
     VARLEN = bool(varlen)
     ALIBI = bool(has_alibi)
     mod = _mask_mod_device(mask_mod)
+    SCORE_MOD = score_mod is not None
+    smod = _score_mod_device(score_mod)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
@@ -997,6 +1018,9 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                         kpos = k0 + c * TPR + part
                         if ALIBI:
                             x -= slope * abs(qpos - kpos)
+                        if SCORE_MOD:   # indices inside the sequence (see make_mma_kernel)
+                            x = npdt(smod(x, b, h, min(row, seqlen_q - 1) + offset,
+                                          min(kpos, seqlen_k - 1)))
                         if not full:
                             vis = kpos < seqlen_k
                             wv = True
@@ -1092,7 +1116,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                     lse[ab, h, q_off + row] = mrow[r] + math.log(l) if l > 0 else NEG_INF
 
     return _jit(kernel, ("fma", D, bool(is_f64), has_left, has_right, has_sinks, has_softcap,
-                         write_lse, BN, KIND, VARLEN, ALIBI), cache=mask_mod is None)
+                         write_lse, BN, KIND, VARLEN, ALIBI, SCORE_MOD),
+                cache=mask_mod is None and score_mod is None)
 
 
 if SIMULATOR:

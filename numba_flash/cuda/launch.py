@@ -374,14 +374,15 @@ def _launch_config(grid, threads, smem=0):
 
 def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
                has_softcap: bool, write_lse: bool, mask_kind: int = maskdev.NONE,
-               varlen: bool = False, has_alibi: bool = False, mask_mod=None):
+               varlen: bool = False, has_alibi: bool = False, mask_mod=None, score_mod=None):
     """The (cached) kernel and its launch geometry (block_m, threads) for one configuration."""
     wg = _wgmma(dtype_name, head_dim)
     key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
-           mask_kind, varlen, has_alibi, mask_mod, wg)
+           mask_kind, varlen, has_alibi, mask_mod, wg, score_mod)
     entry = _KERNELS.get(key)
     if entry is None:
-        extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod)
+        extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod,
+                     score_mod=score_mod)
         _, block_n = tile_shape(dtype_name, head_dim)
         if dtype_name in _HALF_NAMES:
             kern = forward.make_mma_kernel(head_dim, _HALF_NAMES[dtype_name], has_left, has_right,
@@ -424,7 +425,7 @@ def window_flags(causal: bool, window_size, sinks: int, softcap):
 
 def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, window_size=(-1, -1),
                    sinks: int = 0, mask=None, softcap=None, return_lse: bool = False, stream=None,
-                   alibi_slopes=None, varlen=None):
+                   alibi_slopes=None, varlen=None, score_mod=None):
     """FlashAttention forward on the GPU (or Numba's simulator for NumPy inputs).
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
@@ -441,6 +442,8 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     device-built class table; a ``masks.mask_mod`` is compiled into the kernel (see maskplan.py).
     alibi_slopes: float32 (Hq,) or (B, Hq) on the device. varlen: a ``numba_flash.varlen.Varlen``
     (q (total_q, Hq, D), k / v (total_k, Hkv, D); out the same, lse (Hq, total_q)).
+    score_mod: the user's ``fn(score, b, h, q_idx, kv_idx)``, compiled into the kernel (one
+    kernel per function object).
     """
     kind, dtype_name, device = _check_gpu_inputs(q, k, v, lead=varlen is not None)
     if varlen is not None:
@@ -463,13 +466,13 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         out[...] = 0  # rows of sequences without keys or with no visible key stay 0
         if return_lse:
             lse[...] = -np.inf
-    plain = mask is None and alibi_slopes is None and varlen is None
+    plain = mask is None and alibi_slopes is None and varlen is None and score_mod is None
     if plain and _FAST_LAUNCH and batch * seqlen_q * heads_q > 0:
         _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
                      heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
                      (left, right, int(sinks)), (has_left, has_right, has_sinks), stream)
     elif _FAST_LAUNCH and (out.size if kind != "torch" else out.numel()) and batch and seqlen_q:
-        # Mask objects, ALiBi, varlen: the same direct launch, with their arrays appended.
+        # Mask objects, ALiBi, varlen, score_mod: the same direct launch, their arrays appended.
         plan, extra = _mask_arguments(mask, alibi_slopes, varlen, kind, dtype_name, head_dim,
                                       batch, heads_q, seqlen_q, seqlen_k,
                                       lambda: _resolve_stream(stream, kind, q))
@@ -477,7 +480,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
                      heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
                      (left, right, int(sinks)), (has_left, has_right, has_sinks), stream,
-                     extra=extra, config=(plan.kind, lead, has_alibi, plan.mask_mod),
+                     extra=extra, config=(plan.kind, lead, has_alibi, plan.mask_mod, score_mod),
                      batch_heads=batch * heads_q, lead=lead)
     elif (out.size if kind != "torch" else out.numel()) and batch and seqlen_q:
         if kind == "numpy" and not return_lse:
@@ -493,7 +496,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         has_alibi = alibi_slopes is not None
         kern, block_m, threads = kernel_for(dtype_name, head_dim, has_left, has_right, has_sinks,
                                             has_softcap, return_lse, plan.kind, lead, has_alibi,
-                                            plan.mask_mod)
+                                            plan.mask_mod, score_mod)
         scale = float(softmax_scale)
         log2e = 1.0 / math.log(2.0)
         cap = float(softcap) if has_softcap else 1.0
@@ -588,7 +591,7 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
                  batch_heads=None, lead=False):
     """Direct launch (see the module docstring); arrays = (q, k, v, out). ``extra``: the mask,
     cu_seqlens and alibi device arrays in kernel order (None: a plain call, placeholders);
-    ``config``: (mask kind, varlen, has_alibi, mask_mod) of the kernel; ``lead``: packed varlen
+    ``config``: (mask kind, varlen, has_alibi, mask_mod, score_mod) of the kernel; ``lead``: packed varlen
     arrays, given a leading batch axis of 1 (then ``batch_heads`` = batch * heads_q)."""
     half = dtype_name in _HALF_NAMES
     params, layouts = [], []

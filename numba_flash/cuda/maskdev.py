@@ -13,7 +13,7 @@ from .tiles import FULL, SKIP, interval_class
 from .warp import ballot
 
 __all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes", "key_tiles",
-           "interval_visible", "interval_visible2", "bit_visible", "always_visible"]
+           "interval_visible", "interval_visible2", "bit_visible", "always_visible", "score_unchanged"]
 
 NONE, INTERVALS, BITMASK, MASK_MOD = 0, 1, 2, 3
 
@@ -87,6 +87,11 @@ def bit_visible(bits, row, col):
 def always_visible(b, h, q_idx, kv_idx):
     """Placeholder mask_mod for kernels built without one (never called)."""
     return True
+
+
+def score_unchanged(score, b, h, q_idx, kv_idx):
+    """Placeholder score_mod for kernels built without one (never called)."""
+    return score
 
 
 @cuda.jit(device=True, inline=True)
