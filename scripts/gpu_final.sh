@@ -29,7 +29,7 @@ echo "=== (a) tests + (b) sanitizers $(date +%T)"
 xdist="-n ${WORKERS:-8}"
 python3 -c "import xdist" 2>/dev/null || xdist=""
 ( timeout "${TEST_LIMIT:-360}" python3 -m pytest -q $xdist -p no:cacheprovider --durations=5 \
-    ${TEST_FILES:-tests/test_cuda_forward.py tests/test_cuda_masks.py tests/test_varlen.py tests/test_mask_mod.py tests/test_decode.py tests/test_merge_api.py tests/test_jitcache.py} \
+    ${TEST_FILES:-tests/test_cuda_forward.py tests/test_cuda_masks.py tests/test_varlen.py tests/test_mask_mod.py tests/test_score_mod.py tests/test_decode.py tests/test_merge_api.py tests/test_jitcache.py} \
     > "$OUT/tests.log" 2>&1
   echo "tests rc=$?" >> "$OUT/tests.log" ) &
 for case in ${SANITIZE_CASES-sanitize_case sanitize_masks sanitize_decode}; do
