@@ -4,8 +4,10 @@
 
 Sq = 77, Sk = 93 (bottom-right aligned, ragged last tiles), GQA 2, head_dim 64, float16 and
 float32 kernels, with each mask encoding: column intervals (causal document), packed bitmask
-(a BFS-ordered tree), a compiled mask_mod reading a captured array; then ALiBi, a packed
-(cu_seqlens) batch with an empty sequence, and one unmasked causal case for comparison; then
+(a BFS-ordered tree), a compiled mask_mod reading a captured array; then ALiBi, a score_mod
+reading captured arrays by q_idx and kv_idx (the kernel must clamp them on ragged tiles), a
+packed (cu_seqlens) batch with an empty sequence (with and without the score_mod), and one
+unmasked causal case for comparison; then
 Sk = 2200 with 5 queries (window + sinks + mask), where the visible key tiles lie past the first 32.
 """
 import cupy as cp
@@ -20,10 +22,15 @@ def main():
     q = rng.standard_normal((1, 77, 2, 64), dtype=cp.float32)
     k, v = (rng.standard_normal((1, 93, 1, 64), dtype=cp.float32) for _ in range(2))
     doc = np.repeat(np.arange(3), [30, 33, 30]).astype(np.int32)
+    weight = np.linspace(0.5, 1.5, 93).astype(np.float32)     # one entry per key position
+
+    def doc_bias(score, b, h, q_idx, kv_idx):     # indexes arrays of exactly Sk entries
+        return score * weight[kv_idx] + 0.5 * (doc[q_idx] == doc[kv_idx])
     cases = [("intervals", dict(mask=masks.causal_document([30, 33, 30]))),
              ("bitmask", dict(mask=masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], 84))),
              ("mask_mod", dict(mask=masks.mask_mod(lambda b, h, qi, kv: doc[qi] == doc[kv]))),
              ("alibi", dict(causal=True, alibi_slopes=cp.asarray([0.25, 0.0625], cp.float32))),
+             ("score_mod", dict(score_mod=doc_bias)),
              ("none", dict(causal=True))]
     for dt in (cp.float16, cp.float32):
         for name, kw in cases:
@@ -31,9 +38,10 @@ def main():
             print("ran", name, np.dtype(dt).name, flush=True)
         cu_q = cp.asarray([0, 40, 40, 77], cp.int32)
         cu_k = cp.asarray([0, 50, 53, 93], cp.int32)
-        numba_flash.attention(q[0].astype(dt), k[0].astype(dt), v[0].astype(dt), causal=True,
-                              cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40,
-                              max_seqlen_k=50, return_lse=True)
+        for extra in ({}, {"score_mod": doc_bias}):
+            numba_flash.attention(q[0].astype(dt), k[0].astype(dt), v[0].astype(dt),
+                                  causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                  max_seqlen_q=40, max_seqlen_k=50, return_lse=True, **extra)
         print("ran varlen", np.dtype(dt).name, flush=True)
     # Visible key tiles beyond the first group of 32 (the walk's later warp votes).
     qf = rng.standard_normal((1, 5, 2, 64), dtype=cp.float32)
