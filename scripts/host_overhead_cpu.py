@@ -63,6 +63,9 @@ class FakeGPUArray:
         return {"shape": self.shape, "typestr": self.dtype.str, "strides": self.strides,
                 "data": (self.data.ptr, False), "version": 3}
 
+    def __setitem__(self, index, value):
+        """A fill (``out[...] = 0``) would be device work: nothing to do here."""
+
 
 FakeGPUArray.__module__ = "cupy"   # launch.py picks its CuPy code path by module name
 

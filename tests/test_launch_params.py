@@ -35,6 +35,16 @@ k = h.FakeGPUArray((2, 70, 2, 64), "float16", ptr=0x20000)
 v = h.FakeGPUArray((2, 70, 2, 64), "float16", ptr=0x30000)
 out, lse = numba_flash.attention(q, k, v, causal=True, return_lse=True, softcap=30.0)
 numba_flash.attention(q, k, v, mask=masks.causal_document([30, 40]))
+# a packed batch and ALiBi: the caller's arrays go in as they are (no Numba wrapper, which
+# would need a driver here)
+qp, kp, vp = (h.FakeGPUArray((n, hh, 64), "float16", ptr=p)
+              for n, hh, p in ((60, 4, 0x10000), (90, 2, 0x20000), (90, 2, 0x30000)))
+cu_q = h.FakeGPUArray((3,), "int32", ptr=0x40000)
+cu_k = h.FakeGPUArray((3,), "int32", ptr=0x50000)
+numba_flash.attention(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40,
+                      max_seqlen_k=50, causal=True)
+numba_flash.attention(q, k, v, causal=True, alibi_slopes=h.FakeGPUArray((4,), "float32",
+                                                                      ptr=0x60000))
 rows = [[list(c), [plain(p) for p in params]] for c, params in captured]
 print(json.dumps({"calls": rows, "out": [out.data.ptr, list(out.shape)],
                   "lse": [lse.data.ptr, list(lse.shape)]}))
@@ -66,7 +76,8 @@ def _flat(ptr, shape, itemsize):
 @pytest.mark.parametrize("cc", [(9, 0), (8, 0)], ids=["sm90-wgmma", "sm80-mma-sync"])
 def test_direct_launch_parameters(cc):
     got = _capture(cc)
-    (config, params), (mask_config, mask_params) = got["calls"]
+    (config, params), (mask_config, mask_params), (var_config, var_params), \
+        (alibi_config, alibi_params) = got["calls"]
     out_ptr, out_shape = got["out"]
     lse_ptr, lse_shape = got["lse"]
     assert out_shape == [2, 200, 4, 64] and lse_shape == [2, 4, 200]
@@ -102,3 +113,21 @@ def test_direct_launch_parameters(cc):
     assert mask_params[lead:lead + 3] == [-1, -1, 0]
     iv = mask_params[lead + 3:lead + 3 + 9]
     assert iv[2:4] == [4 * 70, 4] and iv[5:7] == [4, 70]   # (4, seqlen_k) int32 intervals
+
+    # packed batch: (1, total, H, D / 2) word views (lead stride 0), grid over the longest
+    # sequence and batch x heads; cu_seqlens q and k follow the four mask arrays
+    expect = []
+    for ptr, shape, strides in ((0x10000, (1, 60, 4, 32), (0, 512, 128, 4)),
+                                (0x20000, (1, 90, 2, 32), (0, 256, 128, 4)),
+                                (0x30000, (1, 90, 2, 32), (0, 256, 128, 4))):
+        size = shape[1] * shape[2] * shape[3]
+        expect += [0, 0, size, 4, ptr, *shape, *strides]
+    assert var_params[:len(expect)] == expect
+    assert var_config[0] == [1, 2 * 4]
+    cu = var_params[lead + 3 + 4 * 9 + 2:]      # after the window and four 2-D mask arrays (+ the 3-D table)
+    assert [0, 0, 3, 4, 0x40000, 3, 4] == cu[:7] and [0, 0, 3, 4, 0x50000, 3, 4] == cu[7:14]
+
+    # ALiBi: the (heads_q,) slopes broadcast to (batch, heads_q) with a zero batch stride,
+    # the last argument
+    assert alibi_params[-9:] == [0, 0, 8, 4, 0x60000, 2, 4, 0, 4]
+    assert alibi_config[0] == grid

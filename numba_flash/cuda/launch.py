@@ -475,7 +475,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         # Mask objects, ALiBi, varlen, score_mod: the same direct launch, their arrays appended.
         plan, extra = _mask_arguments(mask, alibi_slopes, varlen, kind, dtype_name, head_dim,
                                       batch, heads_q, seqlen_q, seqlen_k,
-                                      lambda: _resolve_stream(stream, kind, q))
+                                      lambda: _resolve_stream(stream, kind, q), wrap=False)
         has_alibi = alibi_slopes is not None
         _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
                      heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
@@ -526,27 +526,42 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
 
 
 def _mask_arguments(mask, alibi_slopes, varlen, kind, dtype_name, head_dim, batch, heads_q,
-                    seqlen_q, seqlen_k, launch_stream):
+                    seqlen_q, seqlen_k, launch_stream, wrap=True):
     """The mask plan and the kernel's trailing array arguments, in kernel order: mask intervals,
     their min/max, class table, bitmask words, cu_seqlens q and k, ALiBi slopes (dummies for
     what the call does not use). ``launch_stream``: a stream, or a function returning it (see
-    ``plan_mask``)."""
+    ``plan_mask``). ``wrap``: the caller's arrays as Numba device arrays (the dispatcher's
+    launch), else as they are or as a bare interface view (the direct launch reads only their
+    ``__cuda_array_interface__``; a Numba wrapper costs tens of microseconds of host time)."""
     block_m, block_n = tile_shape(dtype_name, head_dim)
     plan = plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, block_m, block_n,
                      varlen is not None, launch_stream)
     dummies = dummy_arrays()
     extra = [plan.iv, plan.mm, plan.table, plan.bits]
-    if varlen is not None:
+    if varlen is not None and wrap:
         extra += [_kernel_array(varlen.cu_q, kind, False), _kernel_array(varlen.cu_k, kind, False)]
+    elif varlen is not None:
+        extra += [varlen.cu_q, varlen.cu_k]
     else:
         extra += [dummies.cu, dummies.cu]
-    extra.append(_alibi_array(alibi_slopes, kind, batch, heads_q) if alibi_slopes is not None
-                 else dummies.alibi)
+    extra.append(_alibi_array(alibi_slopes, kind, batch, heads_q, wrap)
+                 if alibi_slopes is not None else dummies.alibi)
     return plan, extra
 
 
-def _alibi_array(slopes, kind: str, batch: int, heads_q: int):
-    """ALiBi slopes as a (batch, heads_q) float32 kernel array (a (heads_q,) vector broadcast)."""
+class _InterfaceView:
+    """Device memory described by a ``__cuda_array_interface__`` dict alone (no copy, no Numba
+    wrapper), keeping its ``owner`` alive: an array the direct launch reshapes (ALiBi slopes
+    broadcast to (batch, heads_q))."""
+
+    def __init__(self, interface: dict, owner):
+        self.__cuda_array_interface__ = interface
+        self.owner = owner
+
+
+def _alibi_array(slopes, kind: str, batch: int, heads_q: int, wrap: bool = True):
+    """ALiBi slopes as a (batch, heads_q) float32 kernel array (a (heads_q,) vector broadcast);
+    ``wrap``: a Numba device array, else an interface view (see ``_mask_arguments``)."""
     if kind == "numpy":
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
@@ -557,6 +572,8 @@ def _alibi_array(slopes, kind: str, batch: int, heads_q: int):
         shape, strides = (batch,) + tuple(shape), (0,) + tuple(strides)
     desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": "<f4",
             "data": (ptr, False), "version": 3, "stream": None}
+    if not wrap:
+        return _InterfaceView(desc, slopes)
     return cuda.from_cuda_array_interface(desc, owner=slopes, sync=False)
 
 
