@@ -136,9 +136,9 @@ def attention_varlen_cpu(q, k, v, varlen: Varlen, *, alibi_slopes=None, score_mo
 
     q (total_q, Hq, D), k / v (total_k, Hkv, D) NumPy arrays of one float dtype; ``options`` are
     ``attention_cpu``'s (softmax_scale, causal, window_size, sinks, mask, softcap); a mask must
-    fit every sequence's lengths. alibi_slopes: (Hq,) or (B, Hq). score_mod and a (b, h)-dependent
-    mask_mod: called with b = the sequence's index in the batch. Returns out (total_q, Hq, D) in q's dtype, and lse float32
-    (Hq, total_q) with ``return_lse``.
+    fit every sequence's lengths. alibi_slopes: (Hq,) or (B, Hq). score_mod and a (b, h)-
+    dependent mask_mod: called with b = the sequence's index in the batch. Returns out
+    (total_q, Hq, D) in q's dtype, and lse float32 (Hq, total_q) with ``return_lse``.
     """
     from .cpu import attention_cpu
 

@@ -159,8 +159,8 @@ def main():
     dq = FakeGPUArray((bq, 1, hq, d), "float16")
     kc, vc = (FakeGPUArray((bq, cap, hkv, d), "float16", ptr=p) for p in (1 << 24, 1 << 28))
     lens = FakeGPUArray((bq,), "int32")
-    pages = (FakeGPUArray((bq * cap // 64, 64, hkv, d), "float16", ptr=p) for p in (1 << 24, 1 << 28))
-    kp, vp = pages
+    kp, vp = (FakeGPUArray((bq * cap // 64, 64, hkv, d), "float16", ptr=p)
+              for p in (1 << 24, 1 << 28))
     table = FakeGPUArray((bq, cap // 64), "int32")
     print(f"numba_flash.decode host time with the driver stubbed, (B, Hq, Hkv, L, D) = "
           f"({bq}, {hq}, {hkv}, {cap}, {d}) float16")

@@ -25,8 +25,10 @@ from numba_flash.cuda import forward  # noqa: E402
 from numba_flash.cuda.maskdev import BITMASK, INTERVALS  # noqa: E402
 
 # name: (dtype, head_dim, (has_left, has_right, has_sinks, has_softcap, write_lse), extra)
-_FLAGS = {"plain": (False, False, False, False, True), "causal": (False, True, False, False, True),
-          "window_sinks": (True, True, True, False, True), "softcap": (False, False, False, True, False)}
+_FLAGS = {"plain": (False, False, False, False, True),
+          "causal": (False, True, False, False, True),
+          "window_sinks": (True, True, True, False, True),
+          "softcap": (False, False, False, True, False)}
 CONFIGS = []
 for _dt, _d in (("float16", 64), ("bfloat16", 128), ("float16", 256), ("float32", 64),
                 ("float64", 128)):

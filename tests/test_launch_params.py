@@ -124,7 +124,8 @@ def test_direct_launch_parameters(cc):
         expect += [0, 0, size, 4, ptr, *shape, *strides]
     assert var_params[:len(expect)] == expect
     assert var_config[0] == [1, 2 * 4]
-    cu = var_params[lead + 3 + 4 * 9 + 2:]      # after the window and four 2-D mask arrays (+ the 3-D table)
+    # after the window: the mask arrays, three 2-D (9 parameters each) and one 3-D (11)
+    cu = var_params[lead + 3 + 3 * 9 + 11:]
     assert [0, 0, 3, 4, 0x40000, 3, 4] == cu[:7] and [0, 0, 3, 4, 0x50000, 3, 4] == cu[7:14]
 
     # ALiBi: the (heads_q,) slopes broadcast to (batch, heads_q) with a zero batch stride,

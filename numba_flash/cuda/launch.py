@@ -608,8 +608,9 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
                  batch_heads=None, lead=False):
     """Direct launch (see the module docstring); arrays = (q, k, v, out). ``extra``: the mask,
     cu_seqlens and alibi device arrays in kernel order (None: a plain call, placeholders);
-    ``config``: (mask kind, varlen, has_alibi, mask_mod, score_mod) of the kernel; ``lead``: packed varlen
-    arrays, given a leading batch axis of 1 (then ``batch_heads`` = batch * heads_q)."""
+    ``config``: (mask kind, varlen, has_alibi, mask_mod, score_mod) of the kernel; ``lead``:
+    packed varlen arrays, given a leading batch axis of 1 (then ``batch_heads`` = batch *
+    heads_q)."""
     half = dtype_name in _HALF_NAMES
     params, layouts = [], []
     for x in arrays:

@@ -13,7 +13,8 @@ from .tiles import FULL, SKIP, interval_class
 from .warp import ballot
 
 __all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes", "key_tiles",
-           "interval_visible", "interval_visible2", "bit_visible", "always_visible", "score_unchanged"]
+           "interval_visible", "interval_visible2", "bit_visible", "always_visible",
+           "score_unchanged"]
 
 NONE, INTERVALS, BITMASK, MASK_MOD = 0, 1, 2, 3
 
