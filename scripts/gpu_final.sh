@@ -14,6 +14,8 @@
 #   (i) with PROFILE=1: host time per call: scripts/mask_profile.py --profile (single-call,
 #       device and host time of masked calls, ours and FlexAttention, then cProfile of ours)
 #       and scripts/decode_host_profile.py.
+#   (j) with SCORE_MOD=1: scripts/bench_score_mod.py (score_mod cases against FlexAttention and
+#       SDPA, fp16 and bf16).
 # Each step has its own time limit; logs in $OUT, packed into logs.tar.gz at the end.
 #   bash scripts/gpu_final.sh            (SKIP_PRELUDE=1: environment ready; TESTS_ONLY=1: (a), (b))
 set -uo pipefail
@@ -113,6 +115,12 @@ if [ "${PROFILE:-0}" = 1 ]; then
   grep -v "Warn\|warn(" "$OUT/mask_profile.log" | head -45
   timeout 60 python3 scripts/decode_host_profile.py > "$OUT/decode_host_profile.log" 2>&1
   head -25 "$OUT/decode_host_profile.log"
+fi
+
+if [ "${SCORE_MOD:-0}" = 1 ]; then
+  echo "=== (j) bench_score_mod $(date +%T)"
+  (cd scripts && timeout "${SCORE_MOD_LIMIT:-150}" python3 bench_score_mod.py \
+     --json "$OUT/bench_score_mod.json" 2>&1) | grep -v "Warn\|warn(" | tee "$OUT/bench_score_mod.log" | tail -12
 fi
 
 echo "=== done $(date +%T)"
