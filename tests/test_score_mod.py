@@ -262,8 +262,7 @@ def test_kernel_packed_batch_passes_the_sequence_as_b():
 
 
 @gpu
-@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype_name,d", [("float16", 64), ("float16", 128), ("bfloat16", 128)])
 def test_gpu_both_half_precision_paths(monkeypatch, dtype_name, d):
     """wgmma (Hopper) and mma.sync kernels with score_mod, a mask and GQA, odd sizes."""
     for flag in ("1", "0"):
