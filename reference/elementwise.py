@@ -8,9 +8,16 @@ arrays, and then the scalar path runs). Both give the same values for an element
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-__all__ = ["call_elementwise"]
+__all__ = ["call_elementwise", "SLOW_CALLS"]
+
+# Element counts from which the per-element fallback warns (once per function): at about a
+# microsecond per Python call, 2**22 calls take seconds.
+SLOW_CALLS = 1 << 22
+_WARNED: set = set()
 
 
 def call_elementwise(fn, args, kinds: str) -> np.ndarray:
@@ -30,6 +37,13 @@ def call_elementwise(fn, args, kinds: str) -> np.ndarray:
             return np.broadcast_to(got, shape)
     except Exception:  # noqa: BLE001 - not vectorisable: evaluate element by element below
         pass
+    size = int(np.prod(shape))
+    if size >= SLOW_CALLS and id(fn) not in _WARNED:
+        _WARNED.add(id(fn))
+        warnings.warn(f"{getattr(fn, '__name__', fn)!s} does not accept NumPy arrays, so it is "
+                      f"called once per element ({size} calls here): write its body with array "
+                      f"operations (np.where instead of if, np.tanh instead of math.tanh) to "
+                      f"make it fast", RuntimeWarning, stacklevel=3)
     full = np.broadcast_arrays(*(np.asarray(a) for a in args))
     as_scalar = [float if a.dtype.kind == "f" else int for a in full]
     out = np.empty(shape, dtype=np.float64 if "f" in kinds else bool)

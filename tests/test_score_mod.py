@@ -272,3 +272,26 @@ def test_gpu_both_half_precision_paths(monkeypatch, dtype_name, d):
         _kernel_case(np.random.default_rng(10), dtype_name, 1, 300, 300, 4, 1, d,
                      head_scaled_distance, _dense_head_scaled,
                      mask=masks.document([100, 77, 123]))
+
+
+def test_slow_scalar_fallback_warns_once(monkeypatch):
+    """A score_mod that cannot take arrays runs per score; from SLOW_CALLS scores on the
+    reference says so (once per function), and the result is still exact."""
+    from numba_flash_reference import elementwise
+
+    monkeypatch.setattr(elementwise, "SLOW_CALLS", 100)
+    rng = np.random.default_rng(11)
+    q, k, v = _qkv(rng, 1, 9, 12, 2, 1, 8)
+
+    def scalar_bias(score, b, h, q_idx, kv_idx):
+        return score + math.sqrt(abs(q_idx - kv_idx))   # math on arrays raises: per score
+
+    with pytest.warns(RuntimeWarning, match="called once per element"):
+        got = reference(q, k, v, score_mod=scalar_bias)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reference(q, k, v, score_mod=scalar_bias)           # no second warning
+    dist = np.sqrt(np.abs(np.arange(9)[:, None] + 3 - np.arange(12)[None, :]))
+    want = dense_attention(q, k, v, 8 ** -0.5, np.broadcast_to(dist, (1, 2, 9, 12)), True)
+    np.testing.assert_allclose(got, want, atol=1e-13)
