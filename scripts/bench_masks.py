@@ -275,14 +275,19 @@ def fit_and_plot(results, png: str):
     return fits
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    """The problem-size options this script shares with bench_score_mod.py."""
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--dtypes", default="float16,bfloat16")
     p.add_argument("--reps", type=int, default=5)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_problem_args(p)
     p.add_argument("--sweep-n", type=int, default=32768)
     p.add_argument("--sweep-docs", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 2, 3, 4, 6, 8, 12, 16, 24])

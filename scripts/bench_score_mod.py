@@ -197,13 +197,10 @@ def bench(args) -> dict:
 
 
 def main(argv=None):
+    from bench_masks import add_problem_args
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--n", type=int, default=8192)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--dtypes", default="float16,bfloat16")
-    p.add_argument("--reps", type=int, default=5)
+    add_problem_args(p)
     p.add_argument("--no-sdpa", action="store_true")
     p.add_argument("--json", default="bench_score_mod.json")
     p.add_argument("--check-cpu", action="store_true",
