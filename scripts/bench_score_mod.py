@@ -1,5 +1,6 @@
-"""score_mod on the GPU: numba-flash against FlexAttention and SDPA, the same functions, one
-process.
+"""score_mod on the GPU: numba-flash against FlexAttention and SDPA with the same functions.
+
+One process, every column of a row measured in it.
 
     python scripts/bench_score_mod.py [--n 8192 --batch 4 --heads 16 --dim 128]
         [--dtypes float16,bfloat16] [--reps 5] [--json bench_score_mod.json]
