@@ -17,7 +17,10 @@
 #   (j) with SCORE_MOD=1: scripts/bench_score_mod.py (score_mod cases against FlexAttention and
 #       SDPA, fp16 and bf16).
 # Each step has its own time limit; logs in $OUT, packed into logs.tar.gz at the end.
-#   bash scripts/gpu_final.sh            (SKIP_PRELUDE=1: environment ready; TESTS_ONLY=1: (a), (b))
+#   bash scripts/gpu_final.sh            (SKIP_PRELUDE=1: environment ready; TESTS_ONLY=1: (a), (b);
+#                                         SKIP_TESTS=1: no (a), (b); FORWARD=0: no (c), (d), (e))
+# One call must end within 10 minutes: (a)-(e) take about 7; run (g)-(j) in a second call, e.g.
+#   SKIP_TESTS=1 FORWARD=0 PROFILE=1 SCORE_MOD=1 bash scripts/gpu_final.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -27,6 +30,7 @@ if [ "${SKIP_PRELUDE:-0}" != 1 ]; then
 fi
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; } | tee "$OUT/device.txt"
 
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
 echo "=== (a) tests + (b) sanitizers $(date +%T)"
 xdist="-n ${WORKERS:-8}"
 python3 -c "import xdist" 2>/dev/null || xdist=""
@@ -48,12 +52,14 @@ for f in "$OUT"/sanitize_*.log; do
   grep -v "Warn\|warn(" "$f" | grep -m 4 -A 4 "=====" | head -12
   tail -2 "$f"
 done
+fi
 
 summary() {   # the end of the output is what comes back: the verdicts last
   echo "=== summary $(date +%T)"
-  grep -E "passed|failed|rc=" "$OUT/tests.log" | tail -3
-  grep -h "^FAILED\|^ERROR" "$OUT/tests.log" | head -20
+  grep -E "passed|failed|rc=" "$OUT/tests.log" 2>/dev/null | tail -3
+  grep -h "^FAILED\|^ERROR" "$OUT/tests.log" 2>/dev/null | head -20
   for f in "$OUT"/sanitize_*.log; do
+    [ -f "$f" ] || continue
     echo "$(basename $f): $(grep -c '^========= [A-Z]' $f) reports; $(tail -1 $f)"
   done
   # at most 8 files come back from $OUT: everything in one archive, the JSONs beside it
