@@ -107,7 +107,10 @@ def test_cuda_varlen_kernel_matches_reference():
     q, k, v, cu_q, cu_k = _packed(rng, lens_q, lens_k, hq=2, hkv=1, d=32, dtype=np.float32)
     vl = check_varlen(cu_q, cu_k, None, None, len(q), len(k), "numpy")
     mod = __import__("numba_flash").masks.mask_mod(lambda b, h, qi, kv: (qi - kv) % 4 != 2)
-    for kw in ({"causal": True}, {"mask": mod, "window_size": (5, 2)}):
+    # b is the sequence in the kernel and in CPU mode alike
+    per_seq = __import__("numba_flash").masks.mask_mod(
+        lambda b, h, qi, kv: (kv <= qi) & (qi - kv <= b + 2 * h), batch_head=True)
+    for kw in ({"causal": True}, {"mask": mod, "window_size": (5, 2)}, {"mask": per_seq}):
         args = (q, k, v)
         if not SIMULATOR:
             import cupy as cp
