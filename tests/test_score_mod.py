@@ -132,8 +132,8 @@ def test_reference_identity_and_softcap_order():
     q, k, v = _qkv(rng, 1, 6, 6, 2, 2, 8)
     np.testing.assert_array_equal(reference(q, k, v, score_mod=lambda s, b, h, qi, kv: s),
                                   reference(q, k, v))
-    # score_mod sees the soft-capped score: capping twice by a large cap changes little, and
-    # scaling the capped score by 2 equals a softcap with a doubled output range.
+    # score_mod sees the soft-capped score: doubling it gives 2 * cap * tanh(s / cap), not
+    # cap * tanh(2 s / cap) (what applying it before the softcap would give).
     got = reference(q, k, v, softcap=0.5, score_mod=lambda s, b, h, qi, kv: 2 * s)
     scale = 8 ** -0.5
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
