@@ -103,12 +103,73 @@ def _c_strides(shape, itemsize) -> tuple:
     return tuple(reversed(strides))
 
 
+_TYPE_NAMES: dict = {}
+_TORCH_DTYPES: dict = {}   # torch dtype -> NumPy dtype (None: read through the interface)
+
+
+def _torch_dtype(torch_dtype):
+    try:
+        return _TORCH_DTYPES[torch_dtype]
+    except KeyError:
+        pass
+    name = str(torch_dtype).replace("torch.", "")
+    dtype = None
+    if name == "bfloat16":
+        dtype = bfloat16_dtype()
+    elif name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+                  "bool"):
+        dtype = np.dtype(name)
+    _TORCH_DTYPES[torch_dtype] = dtype
+    return dtype
+
+
+def _fast_info(obj, name: str):
+    """The ArrayInfo of a CUDA PyTorch tensor or a CuPy array read from its attributes (a few
+    C-level lookups) instead of its ``__cuda_array_interface__`` (PyTorch builds that dict in
+    Python, ~10 us); None when the object needs the general path (CPU tensors, unusual dtypes,
+    other types). A tensor that requires grad raises TypeError: its interface refuses it too,
+    and nothing here would carry gradients."""
+    cls = type(obj)
+    module = cls.__module__
+    if module == "torch":
+        if not obj.is_cuda or obj.is_sparse:
+            return None
+        if obj.requires_grad:
+            raise TypeError(f"{name} is a PyTorch tensor that requires grad; numba_flash has no "
+                            f"backward pass, so pass {name}.detach() (the result is not tracked "
+                            f"by autograd)")
+        dtype = _torch_dtype(obj.dtype)
+        if dtype is None:
+            return None
+        size = dtype.itemsize
+        strides = tuple(s * size for s in obj.stride())
+        return ArrayInfo("cuda", tuple(obj.shape), dtype, strides, obj.device.index,
+                         _cached_type_name(cls, obj))
+    if module == "cupy":
+        dtype = obj.dtype
+        if not isinstance(dtype, np.dtype):
+            return None
+        return ArrayInfo("cuda", obj.shape, dtype, obj.strides, obj.device.id,
+                         _cached_type_name(cls, obj))
+    return None
+
+
+def _cached_type_name(cls, obj) -> str:
+    name = _TYPE_NAMES.get(cls)
+    if name is None:
+        name = _TYPE_NAMES[cls] = _type_name(obj)
+    return name
+
+
 def describe(obj, name: str) -> ArrayInfo:
     """Classify ``obj`` (the argument called ``name``) and read its shape, dtype, strides, device.
 
     NumPy ndarray -> kind "numpy"; anything with ``__cuda_array_interface__`` -> kind "cuda".
     Anything else raises TypeError naming the argument and listing what is accepted.
     """
+    info = _fast_info(obj, name)
+    if info is not None:
+        return info
     if isinstance(obj, np.ndarray):
         if isinstance(obj, np.ma.MaskedArray):
             raise TypeError(f"{name} is a NumPy masked array; attention ignores no elements, so "

@@ -45,6 +45,11 @@ numba_flash.attention(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seql
                       max_seqlen_k=50, causal=True)
 numba_flash.attention(q, k, v, causal=True, alibi_slopes=h.FakeGPUArray((4,), "float32",
                                                                       ptr=0x60000))
+# the first call again on other arrays of the same configuration: a cached launch plan,
+# only the data pointers differ (the output's come from the same fake allocator)
+q2, k2, v2 = (h.FakeGPUArray(x.shape, "float16", ptr=p)
+              for x, p in ((q, 0x11000), (k, 0x21000), (v, 0x31000)))
+numba_flash.attention(q2, k2, v2, causal=True, return_lse=True, softcap=30.0)
 rows = [[list(c), [plain(p) for p in params]] for c, params in captured]
 print(json.dumps({"calls": rows, "out": [out.data.ptr, list(out.shape)],
                   "lse": [lse.data.ptr, list(lse.shape)]}))
@@ -77,7 +82,7 @@ def _flat(ptr, shape, itemsize):
 def test_direct_launch_parameters(cc):
     got = _capture(cc)
     (config, params), (mask_config, mask_params), (var_config, var_params), \
-        (alibi_config, alibi_params) = got["calls"]
+        (alibi_config, alibi_params), (again_config, again_params) = got["calls"]
     out_ptr, out_shape = got["out"]
     lse_ptr, lse_shape = got["lse"]
     assert out_shape == [2, 200, 4, 64] and lse_shape == [2, 4, 200]
@@ -132,3 +137,8 @@ def test_direct_launch_parameters(cc):
     # the last argument
     assert alibi_params[-9:] == [0, 0, 8, 4, 0x60000, 2, 4, 0, 4]
     assert alibi_config[0] == grid
+
+    # the repeated configuration (a cached plan): the same block with q, k, v's new pointers
+    assert again_config == config
+    moved = {4: 0x11000, 13 + 4: 0x21000, 2 * 13 + 4: 0x31000}
+    assert again_params == [moved.get(i, p) for i, p in enumerate(params)]

@@ -118,6 +118,12 @@ def _pointer_device(ptr: int):
 def _check_gpu_inputs(q, k, v, lead: bool = False):
     """GPU-specific checks (``lead``: packed varlen arrays, checked as batch 1); returns (kind,
     dtype name, device id)."""
+    return _gpu_inputs(q, k, v, lead)[:3]
+
+
+def _gpu_inputs(q, k, v, lead: bool = False):
+    """``_check_gpu_inputs`` plus the arrays' interfaces ((pointer, shape, strides, itemsize,
+    device) of q, k, v as given), which the direct launch reuses instead of reading them again."""
     kinds = [_array_kind(x) for x in (q, k, v)]
     if len(set(kinds)) != 1:
         raise TypeError(f"q, k, v must be the same kind of array, got {kinds}")
@@ -130,9 +136,11 @@ def _check_gpu_inputs(q, k, v, lead: bool = False):
         raise TypeError(f"q, k, v must share one dtype, got q {names[0]}, k {names[1]}, v {names[2]}")
     if names[0] not in _HALF_NAMES and names[0] not in _FULL_NAMES:
         raise TypeError(f"q, k, v dtype must be float16, bfloat16, float32 or float64, got {names[0]}")
-    devices = []
+    devices, interfaces = [], []
     for name, x in (("q", q), ("k", k), ("v", v)):
-        ptr, shape, strides, itemsize, device = _interface(x, kind)
+        interface = _interface(x, kind)
+        interfaces.append(interface)
+        ptr, shape, strides, itemsize, device = interface
         if lead:
             shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
         if len(shape) != 4:
@@ -151,7 +159,7 @@ def _check_gpu_inputs(q, k, v, lead: bool = False):
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} on the GPU, got {head_dim} "
                          "(pad q, k, v with zeros to the next supported size: zero columns change "
                          "no score, then slice the output)")
-    return kind, names[0], (known.pop() if known else None)
+    return kind, names[0], (known.pop() if known else None), interfaces
 
 
 def _kernel_array(x, kind: str, as_words: bool, lead: bool = False):
@@ -225,9 +233,7 @@ def _resolve_stream(stream, kind: str, like):
         raise TypeError(f"stream must be a CuPy/PyTorch/Numba stream or a raw handle, got {stream!r}")
     handle = 0
     if kind == "torch":
-        import torch
-
-        handle = torch.cuda.current_stream(like.device).cuda_stream
+        handle = _torch_current_stream(like.device.index)
     else:
         try:
             import cupy
@@ -278,14 +284,24 @@ def _raw_stream_handle(stream, kind: str, like):
             return stream
         raise TypeError(f"stream must be a CuPy/PyTorch/Numba stream or a raw handle, got {stream!r}")
     if kind == "torch":
-        import torch
-
-        return torch.cuda.current_stream(like.device).cuda_stream
+        return _torch_current_stream(like.device.index)
     try:
         import cupy
     except ImportError:
         return 0
     return cupy.cuda.get_current_stream().ptr
+
+
+def _torch_current_stream(device_index: int) -> int:
+    """PyTorch's current stream on a device as a raw handle. ``torch._C._cuda_getCurrentRawStream``
+    (what Triton's launcher calls) answers without building a ``torch.cuda.Stream`` object, a
+    few microseconds less per call; the public route where it is missing."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 def _core_stream(handle):
@@ -445,7 +461,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     score_mod: the user's ``fn(score, b, h, q_idx, kv_idx)``, compiled into the kernel (one
     kernel per function object).
     """
-    kind, dtype_name, device = _check_gpu_inputs(q, k, v, lead=varlen is not None)
+    kind, dtype_name, device, interfaces = _gpu_inputs(q, k, v, lead=varlen is not None)
     if varlen is not None:
         total_q, heads_q, head_dim = q.shape
         heads_kv = k.shape[1]
@@ -470,7 +486,8 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     if plain and _FAST_LAUNCH and batch * seqlen_q * heads_q > 0:
         _launch_fast(kind, dtype_name, device, (q, k, v, out), lse, seqlen_q, seqlen_k,
                      heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
-                     (left, right, int(sinks)), (has_left, has_right, has_sinks), stream)
+                     (left, right, int(sinks)), (has_left, has_right, has_sinks), stream,
+                     interfaces=interfaces)
     elif _FAST_LAUNCH and (out.size if kind != "torch" else out.numel()) and batch and seqlen_q:
         # Mask objects, ALiBi, varlen, score_mod: the same direct launch, their arrays appended.
         plan, extra = _mask_arguments(mask, alibi_slopes, varlen, kind, dtype_name, head_dim,
@@ -481,7 +498,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
                      heads_q // heads_kv, softmax_scale, softcap if has_softcap else None,
                      (left, right, int(sinks)), (has_left, has_right, has_sinks), stream,
                      extra=extra, config=(plan.kind, lead, has_alibi, plan.mask_mod, score_mod),
-                     batch_heads=batch * heads_q, lead=lead)
+                     batch_heads=batch * heads_q, lead=lead, interfaces=interfaces)
     elif (out.size if kind != "torch" else out.numel()) and batch and seqlen_q:
         if kind == "numpy" and not return_lse:
             lse_arg = np.empty((1, 1, 1), dtype=np.float32)
@@ -605,58 +622,109 @@ def _device_array_arg(x):
 
 def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, heads_ratio,
                  softmax_scale, softcap, window, flags, stream, extra=None, config=None,
-                 batch_heads=None, lead=False):
+                 batch_heads=None, lead=False, interfaces=None):
     """Direct launch (see the module docstring); arrays = (q, k, v, out). ``extra``: the mask,
     cu_seqlens and alibi device arrays in kernel order (None: a plain call, placeholders);
     ``config``: (mask kind, varlen, has_alibi, mask_mod, score_mod) of the kernel; ``lead``:
     packed varlen arrays, given a leading batch axis of 1 (then ``batch_heads`` = batch *
-    heads_q)."""
+    heads_q); ``interfaces``: what ``_interface`` returned for the leading arrays, if known.
+
+    Everything but the data pointers and the trailing arrays depends only on the call's
+    configuration (shapes, strides, dtypes, scalars, flags, device): that part is built once
+    per configuration (``_FAST_PLANS``) and a repeated call only fills in the pointers."""
     half = dtype_name in _HALF_NAMES
-    params, layouts = [], []
-    for x in arrays:
-        ptr, shape, strides, itemsize, _ = _interface(x, kind)
-        if lead:
-            shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
-        if half:
-            shape, strides = _as_words(ptr, shape, strides)
-            itemsize = 4
-        lay, flat = _flat_array(ptr, tuple(shape), tuple(strides), itemsize)
-        layouts.append(lay)
-        params.extend(flat)
+    ptrs, metas = [], []
+    for i, x in enumerate(arrays):
+        ptr, shape, strides, itemsize, _ = (interfaces[i] if interfaces is not None and
+                                            i < len(interfaces) else _interface(x, kind))
+        if half and ptr % 4:
+            _as_words(ptr, shape, strides)     # raises: 16-bit data must be 4-byte aligned
+        ptrs.append(ptr)
+        metas.append((tuple(shape), tuple(strides), itemsize))
     if lse is not None:
         ptr, shape, strides, itemsize, _ = _interface(lse, kind)
-        if lead:
-            shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
-        lay, flat = _flat_array(ptr, tuple(shape), tuple(strides), itemsize)
-    else:  # never read: write_lse is a compile-time False
-        lay, flat = "C", [0, 0, 1, 4, 0, 1, 1, 1, 4, 4, 4]
-    layouts.append(lay)
-    params.extend(flat)
-
-    has_left, has_right, has_sinks = flags
-    key = (dtype_name, arrays[0].shape[-1], has_left, has_right, has_sinks, softcap is not None,
-           lse is not None) + (tuple(config) if config is not None else ())
-    kern, block_m, threads = kernel_for(*key)
-    extra_types = None
-    extra_params = []
+        ptrs.append(ptr)
+        metas.append((tuple(shape), tuple(strides), itemsize))
+    extra_types, extra_params = None, []
     if extra is not None:
         extra_types = []
         for x in extra:
             ty, flat = _device_array_arg(x)
             extra_types.append(ty)
             extra_params.extend(flat)
+        extra_types = tuple(extra_types)
+    current = current_device_id()
+    dev = current if device is None else device
+    # Numba types are interned (one object per type) and hash slowly: keyed by identity, kept
+    # alive by the plan that holds them.
+    type_ids = None if extra_types is None else tuple(map(id, extra_types))
+    pkey = (dtype_name, dev, tuple(metas), lse is not None, seqlen_q, seqlen_k, heads_ratio,
+            float(softmax_scale), softcap, tuple(window), tuple(flags), config, batch_heads,
+            lead, type_ids, _wgmma_switch())
+    ctx = cuda.gpus[device] if dev != current else _nullcontext()
+    plan = _FAST_PLANS.get(pkey)
+    if plan is None:
+        with ctx:
+            plan = _fast_plan(dtype_name, dev, metas, lse is not None, seqlen_q, seqlen_k,
+                              heads_ratio, softmax_scale, softcap, window, flags, config,
+                              batch_heads, lead, extra_types)
+        if len(_FAST_PLANS) >= _FAST_PLANS_MAX:
+            _FAST_PLANS.clear()
+        _FAST_PLANS[pkey] = plan
+    core_kernel, launch_config, head, slots, tail, _ = plan
+    params = list(head)
+    for slot, ptr in zip(slots, ptrs):
+        params[slot] = ptr
+    params.extend(tail)
+    params.extend(extra_params)
+    with ctx:
+        _core_launch(_core_stream(_raw_stream_handle(stream, kind, arrays[0])), launch_config,
+                     core_kernel, *params)
+
+
+def _wgmma_switch():
+    """``NUMBA_FLASH_WGMMA`` as set now (it picks the kernel per call, so the plan cache keys on it)."""
+    return os.environ.get("NUMBA_FLASH_WGMMA")
+
+
+_FAST_PLANS: dict = {}
+_FAST_PLANS_MAX = 256
+
+
+def _fast_plan(dtype_name, dev, metas, has_lse, seqlen_q, seqlen_k, heads_ratio, softmax_scale,
+               softcap, window, flags, config, batch_heads, lead, extra_types):
+    """The configuration-only part of a direct launch: (cuda.core kernel, launch config,
+    parameters of the array arguments with their data pointers left 0, the index of each
+    pointer in that list, the scalar parameters that follow). ``metas``: (shape, strides,
+    itemsize) of q, k, v, out (and lse when ``has_lse``) as given."""
+    half = dtype_name in _HALF_NAMES
+    head, slots, layouts = [], [], []
+    for i, (shape, strides, itemsize) in enumerate(metas):
+        if lead:
+            shape, strides = (1,) + shape, (0,) + strides
+        if half and i < 4:
+            shape, strides = _as_words(0, shape, strides)
+            itemsize = 4
+        lay, flat = _flat_array(0, shape, strides, itemsize)
+        layouts.append(lay)
+        slots.append(len(head) + 4)            # the data pointer's place in the flattened array
+        head.extend(flat)
+    if not has_lse:  # never read: write_lse is a compile-time False
+        layouts.append("C")
+        head.extend([0, 0, 1, 4, 0, 1, 1, 1, 4, 4, 4])
+
+    has_left, has_right, has_sinks = flags
+    head_dim = metas[0][0][-1]
+    key = (dtype_name, head_dim, has_left, has_right, has_sinks, softcap is not None,
+           has_lse) + (tuple(config) if config is not None else ())
+    kern, block_m, threads = kernel_for(*key)
     if half:
         elem, fdt = types.uint32, np.float32
     else:
         fdt = np.float64 if _FULL_NAMES[dtype_name] else np.float32
         elem = types.float64 if fdt is np.float64 else types.float32
-    current = current_device_id()
-    dev = current if device is None else device
-    ctx = cuda.gpus[device] if dev != current else _nullcontext()
-    smem = dynamic_smem_bytes(dtype_name, arrays[0].shape[-1])
-    with ctx:
-        core_kernel, cfloat = _launcher(key, kern, elem, fdt, tuple(layouts), dev, extra_types,
-                                        smem)
+    smem = dynamic_smem_bytes(dtype_name, head_dim)
+    core_kernel, cfloat = _launcher(key, kern, elem, fdt, tuple(layouts), dev, extra_types, smem)
     scale = float(softmax_scale)
     cap = float(softcap) if softcap is not None else 1.0
     if half:
@@ -665,20 +733,18 @@ def _launch_fast(kind, dtype_name, device, arrays, lse, seqlen_q, seqlen_k, head
     else:
         scalars = (scale, scale / cap, cap)
     c64 = ctypes.c_int64
-    params.extend((c64(seqlen_q), c64(seqlen_k), c64(heads_ratio)))
-    params.extend(cfloat(x) for x in scalars)
-    params.extend(c64(w) for w in window)
-    if extra is None:
+    tail = [c64(seqlen_q), c64(seqlen_k), c64(heads_ratio)]
+    tail.extend(cfloat(x) for x in scalars)
+    tail.extend(c64(w) for w in window)
+    if extra_types is None:
         for _, flat in _UNUSED_MASK_ARGS:
-            params.extend(flat)
-    else:
-        params.extend(extra_params)
+            tail.extend(flat)
     if batch_heads is None:
-        batch_heads = arrays[0].shape[0] * arrays[0].shape[2]
+        shape = metas[0][0]
+        batch_heads = shape[0] * shape[2]
     grid = ((seqlen_q + block_m - 1) // block_m, batch_heads)
-    with ctx:
-        _core_launch(_core_stream(_raw_stream_handle(stream, kind, arrays[0])),
-                    _launch_config(grid, threads, smem), core_kernel, *params)
+    return (core_kernel, _launch_config(grid, threads, smem), tuple(head), tuple(slots),
+            tuple(tail), extra_types)
 
 
 class _nullcontext:
