@@ -14,7 +14,8 @@ import numpy as np
 
 from numba_flash_reference.attention import (check_alibi_slopes, check_score_mod, check_softcap,
                                              check_softmax_scale)
-from numba_flash_reference.masks import Mask, check_window_size, mask_from_flags
+from numba_flash_reference.masks import (CausalMask, Mask, SlidingWindowMask, check_window_size,
+                                         mask_from_flags)
 
 from .arrays import describe, describe_all, dtype_name
 
@@ -130,6 +131,36 @@ def check_options(*, backend, causal, return_lse, window_size, sinks, mask, soft
     return Options(check_backend_value(backend), check_bool("causal", causal),
                    check_bool("return_lse", return_lse), check_window_size(window_size),
                    check_sinks(sinks), check_mask(mask), check_softcap(softcap))
+
+
+def lower_window_mask(causal: bool, window_size: tuple, sinks: int, mask):
+    """A ``mask`` that is exactly ``masks.causal()`` or ``masks.sliding_window(...)`` folded into
+    the flags (checked ``causal``, ``window_size``, ``sinks``), when the result means the same
+    pairs; returns (causal, window_size, sinks, mask), mask None when folded. The flag kernels
+    test a window with two integer comparisons per tile, without the interval mask's per-column
+    bounds; other masks, and combinations whose sinks would not survive the fold, stay as
+    they are.
+
+    Why exact: every flag combination means ``SlidingWindowMask(left, right, sinks)`` with
+    ``right`` clamped to 0 by ``causal`` (``mask_from_flags``). ``W(l, r, s) & causal()`` is
+    ``W(l, min(r, 0), s)`` since sink keys are visible only causally; two windows without sinks
+    intersect to ``W(min(l1, l2), min(r1, r2))`` over their bounded sides."""
+    left, right = window_size
+    if type(mask) is CausalMask:
+        return True, window_size, sinks, None
+    if type(mask) is not SlidingWindowMask:
+        return causal, window_size, sinks, mask
+    flags_windowed = causal or left >= 0 or right >= 0
+    if not flags_windowed:
+        return False, (mask.left, mask.right), mask.sinks, None
+    flag_sinks = sinks if left >= 0 else 0
+    if mask.sinks and mask.left >= 0 or flag_sinks:
+        return causal, window_size, sinks, mask     # sinks of either side: keep the mask
+
+    def tighter(a, b):
+        return b if a < 0 else a if b < 0 else min(a, b)
+
+    return causal, (tighter(left, mask.left), tighter(right, mask.right)), 0, None
 
 
 def resolve_backend(backend: str, kind: str, stream) -> str:
@@ -266,6 +297,7 @@ def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1),
     backend, causal, return_lse, window_size, sinks, mask, softcap = check_options(
         backend=backend, causal=causal, return_lse=return_lse, window_size=window_size,
         sinks=sinks, mask=mask, softcap=softcap)
+    causal, window_size, sinks, mask = lower_window_mask(causal, window_size, sinks, mask)
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = _check_shapes(infos)
     dtype = check_dtypes(infos)
     softmax_scale = check_softmax_scale(softmax_scale, head_dim)

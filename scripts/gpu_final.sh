@@ -6,7 +6,9 @@
 #   (c) scripts/bench_forward.py (the shapes, fp16 and bf16, SDPA and naive CuPy peers);
 #   (d) scripts/bench_exact.py (fp32 / fp64 kernels against SDPA and naive CuPy; OLD_TREE=dir
 #       also times the kernels of an older checkout's numba_flash in a second process);
-#   (e) scripts/bench_masks.py: the mask set, fp16, with FlexAttention and SDPA;
+#   (e) scripts/bench_masks.py: the mask set, fp16, with FlexAttention and SDPA (MASK_REPS
+#       single calls each, median; MASK_ARGS="" adds naive CuPy and the sparsity sweep to the
+#       same process: the "one run");
 #   (g) with MASK_SWEEP=1: the mask sparsity sweep at N=32768 (time against block sparsity, R^2);
 #   (h) with PROBE=1: scripts/decode_short_probe.py back to back and under ncu (kernel durations);
 #   (f) with DECODE=1: scripts/bench_decode.py's table (every shape, fp16 / bf16, contiguous and
@@ -83,8 +85,9 @@ if [ -n "${OLD_TREE:-}" ]; then
 fi
 
 echo "=== (e) bench_masks set $(date +%T)"
-timeout "${MASKS_LIMIT:-100}" python3 scripts/bench_masks.py --reps 3 --dtypes "${MASK_DTYPES:-float16}" --no-sweep --no-naive \
-  --json "$OUT/bench_masks_set.json" 2>&1 | tee "$OUT/bench_masks_set.log" | tail -30
+timeout "${MASKS_LIMIT:-100}" python3 scripts/bench_masks.py --reps "${MASK_REPS:-15}" --dtypes "${MASK_DTYPES:-float16}" \
+  ${MASK_ARGS---no-sweep --no-naive} --json "$OUT/bench_masks_set.json" --png "$OUT/bench_masks_sweep.png" 2>&1 \
+  | tee "$OUT/bench_masks_set.log" | grep -v "Warn\|warn(" | tail -40
 
 fi
 if [ "${MASK_SWEEP:-0}" = 1 ]; then

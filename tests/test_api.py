@@ -328,9 +328,13 @@ def test_gpu_arrays_are_dispatched_with_normalised_arguments(monkeypatch):
     assert result == "sentinel"
     (args, kwargs), = fake.calls
     assert args[0] is q and args[1] is k and args[2] is v
-    assert kwargs == dict(softmax_scale=0.25, causal=False, window_size=(5, -1), sinks=1,
-                          mask=mask, softcap=20.0, return_lse=True, stream=stream)
+    # masks.causal() reaches the kernels as the causal flag (validation.lower_window_mask)
+    assert kwargs == dict(softmax_scale=0.25, causal=True, window_size=(5, -1), sinks=1,
+                          mask=None, softcap=20.0, return_lse=True, stream=stream)
     assert type(kwargs["softmax_scale"]) is float and type(kwargs["window_size"]) is tuple
+    document = numba_flash.masks.causal_document([3, 4])
+    numba_flash.attention(q, k, v, mask=document)
+    assert fake.calls[-1][1]["mask"] is document and fake.calls[-1][1]["causal"] is False
 
 
 def test_explicit_cuda_backend_dispatches_gpu_arrays(monkeypatch):
