@@ -72,6 +72,7 @@ summary() {   # the end of the output is what comes back: the verdicts last
 if [ "${TESTS_ONLY:-0}" = 1 ]; then summary; exit 0; fi
 if [ "${FORWARD:-1}" = 1 ]; then
 
+if [ "${FORWARD_BENCH:-1}" = 1 ]; then   # FORWARD_BENCH=0: (e) alone
 echo "=== (c) bench_forward $(date +%T)"
 timeout "${BENCH_LIMIT:-130}" python3 scripts/bench_forward.py --out "$OUT/bench_forward.json" \
   --plot "$OUT/bench_forward.png" 2>&1 | tee "$OUT/bench_forward.log"
@@ -84,6 +85,7 @@ if [ -n "${OLD_TREE:-}" ]; then
      --out "$OUT/bench_exact_old.json" 2>&1) | tee -a "$OUT/bench_exact.log"
 fi
 
+fi
 echo "=== (e) bench_masks set $(date +%T)"
 timeout "${MASKS_LIMIT:-100}" python3 scripts/bench_masks.py --reps "${MASK_REPS:-15}" --dtypes "${MASK_DTYPES:-float16}" \
   ${MASK_ARGS---no-sweep --no-naive} --json "$OUT/bench_masks_set.json" --png "$OUT/bench_masks_sweep.png" 2>&1 \
