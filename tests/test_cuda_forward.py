@@ -269,6 +269,9 @@ def test_gpu_kinds_zero_copy_and_stream():
         k.repeat_interleave(4, 2).transpose(1, 2).float(), is_causal=True)
     assert (out.float() - ref.transpose(1, 2)).abs().max().item() < 5e-3
     x = cp.asarray(_random(rng, (1, 4000, 4, 128), "float16"))
+    # The upload ran on the null stream, which a non-blocking stream does not wait for: wait
+    # here, or a launch quick enough to start before the copy lands reads part of it.
+    cp.cuda.get_current_stream().synchronize()
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         out = launch.attention_cuda(x, x, x, softmax_scale=0.1)
