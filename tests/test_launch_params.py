@@ -142,3 +142,47 @@ def test_direct_launch_parameters(cc):
     assert again_config == config
     moved = {4: 0x11000, 13 + 4: 0x21000, 2 * 13 + 4: 0x31000}
     assert again_params == [moved.get(i, p) for i, p in enumerate(params)]
+
+
+_CAPTURE_DECODE = r"""
+import ctypes, json, sys
+sys.path.insert(0, "scripts")
+import host_overhead_cpu as h
+h.stub_driver()
+from numba_flash.cuda import decode as dec, launch
+import numba_flash
+captured = []
+launch._core_launch = lambda stream, config, kernel, *params: captured.append(params)
+def plain(x):
+    return x.value if isinstance(x, (ctypes.c_int64, ctypes.c_float, ctypes.c_double)) else x
+def call(base):
+    q = h.FakeGPUArray((2, 1, 8, 64), "float16", ptr=base)
+    k = h.FakeGPUArray((2, 300, 2, 64), "float16", ptr=base + 0x100000)
+    v = h.FakeGPUArray((2, 300, 2, 64), "float16", ptr=base + 0x200000)
+    lens = h.FakeGPUArray((2,), "int32", ptr=base + 0x300000)
+    numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=3)
+call(0x1000000)                 # builds the plan
+call(0x5000000)                 # reuses it: new pointers only
+dec._DECODE_PLANS.clear()
+call(0x5000000)                 # the same call from a fresh plan
+print(json.dumps([[plain(p) for p in params] for params in captured]))
+"""
+
+
+def test_decode_cached_plan_equals_a_fresh_one():
+    """decode's direct launch caches its parameter block per configuration; a repeated
+    configuration on other arrays must give exactly the block a fresh build gives."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    res = subprocess.run([sys.executable, "-c", _CAPTURE_DECODE], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode != 0 and "cuda.core" in res.stderr and "ImportError" in res.stderr:
+        pytest.skip("cuda.core is not importable here: " + res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    first, cached, fresh = json.loads(res.stdout.strip().splitlines()[-1])
+    assert cached == fresh
+    assert cached != first
+    # q, k, v as uint32 words (pairs along head_dim); the pointers moved, nothing else did
+    assert cached[:5] == [0, 0, 2 * 1 * 8 * 32, 4, 0x5000000]
+    assert cached[13 + 4] == 0x5100000 and cached[2 * 13 + 4] == 0x5200000
+    differ = [i for i, (a, b) in enumerate(zip(first, cached)) if a != b]
+    assert differ and all(first[i] - cached[i] == 0x1000000 - 0x5000000 for i in differ)

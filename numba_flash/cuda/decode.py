@@ -617,27 +617,70 @@ def _flat_param(x, kind, as_words):
 
 
 def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, threads, stream,
-                     like):
+                     like, interfaces=None):
     """Launch the tensor-core kernel through cuda.core with packed parameters.
 
     ``arrays``: the 10 array arguments before ``counters`` (user arrays or Numba device arrays);
-    the counters are appended here when the configuration folds the merge. Compiles (or loads
-    from Numba's disk cache) once per (configuration, layouts, device).
+    the counters are appended here when the configuration folds the merge. ``interfaces``:
+    ``launch._interface`` of the leading arrays (q, k, v) when already read. Compiles (or
+    loads from Numba's disk cache) once per (configuration, layouts, device); the parameter
+    block is built once per configuration and array geometry (``_DECODE_PLANS``), after which
+    a call only writes the data pointers of the caller's arrays into it (the Numba arrays, the
+    placeholders and the merge counters, keep theirs: they are part of the key).
     """
-    import ctypes
-
     raw = launch._raw_stream_handle(stream, kind, like)
     n_units = grid[1] * grid[2]
     counters = _counters(kind, device, n_units, raw) if config[13] else \
         _dummy(kind, device, (1,), np.int32)
-    params, layouts = [], []
-    for i, x in enumerate(arrays + (counters,)):
-        lay, ndim, flat = _flat_param(x, kind, i in _WORD_ARRAYS)
-        layouts.append((lay, ndim))
-        params.extend(flat)
+    all_arrays = arrays + (counters,)
+    ptrs, metas = [], []
+    for i, x in enumerate(all_arrays):
+        if type(x).__module__.startswith("numba"):
+            metas.append(id(x))
+            continue
+        ptr, shape, strides, itemsize, _ = (interfaces[i] if interfaces is not None and
+                                            i < len(interfaces) else launch._interface(x, kind))
+        if i in _WORD_ARRAYS and ptr % 4:
+            launch._as_words(ptr, shape, strides)      # raises: not 4-byte aligned
+        ptrs.append(ptr)
+        metas.append((tuple(shape), tuple(strides), itemsize))
     current = current_device_id()
     dev = current if device is None else device
     ctx = cuda.gpus[dev] if dev != current else launch._nullcontext()
+    pdl = bool(config[14]) and _pdl_wanted()
+    pkey = (config, tuple(metas), ints, floats, ints2, grid, threads, dev, pdl)
+    plan = _DECODE_PLANS.get(pkey)
+    if plan is None:
+        with ctx:
+            plan = _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid,
+                                threads, pdl)
+        if len(_DECODE_PLANS) >= _DECODE_PLANS_MAX:
+            _DECODE_PLANS.clear()
+        _DECODE_PLANS[pkey] = plan
+    core_kernel, cfg, head, slots, _ = plan
+    params = list(head)
+    for slot, ptr in zip(slots, ptrs):
+        params[slot] = ptr
+    with ctx:
+        launch._core_launch(launch._core_stream(raw), cfg, core_kernel, *params)
+
+
+_DECODE_PLANS: dict = {}
+_DECODE_PLANS_MAX = 256
+
+
+def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threads, pdl):
+    """(cuda.core kernel, launch config, parameter block, index of each caller array's data
+    pointer in it, the Numba arrays the block points to) for one configuration."""
+    import ctypes
+
+    params, layouts, slots = [], [], []
+    for i, x in enumerate(all_arrays):
+        lay, ndim, flat = _flat_param(x, kind, i in _WORD_ARRAYS)
+        layouts.append((lay, ndim))
+        if not type(x).__module__.startswith("numba"):
+            slots.append(len(params) + 4)          # the data pointer of a flattened array
+        params.extend(flat)
     key = (config, tuple(layouts), dev)
     core_kernel = _FAST_LAUNCHERS.get(key)
     if core_kernel is None:
@@ -645,16 +688,14 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
         arg_types = [types.Array(e, nd, lay) for e, (lay, nd) in zip(elems, layouts)]
         sig = types.void(*arg_types, types.int64, types.int64, types.int64, types.float32,
                          types.float32, types.float32, *([types.int64] * 6))
-        with ctx:
-            kobj = mma_decode_kernel(*config).compile(sig)
+        kobj = mma_decode_kernel(*config).compile(sig)
         core_kernel = _FAST_LAUNCHERS[key] = kobj._codelibrary.get_cufunc().kernel
     params.extend(ctypes.c_int64(v) for v in ints)
     params.extend(ctypes.c_float(v) for v in floats)
     params.extend(ctypes.c_int64(v) for v in ints2)
-    cfg = _pdl_config(grid, threads) if config[14] and _pdl_wanted() else \
-        launch._launch_config(grid, threads)
-    with ctx:
-        launch._core_launch(launch._core_stream(raw), cfg, core_kernel, *params)
+    cfg = _pdl_config(grid, threads) if pdl else launch._launch_config(grid, threads)
+    numba_arrays = tuple(x for x in all_arrays if type(x).__module__.startswith("numba"))
+    return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays
 
 
 _PDL_CONFIGS: dict = {}
@@ -743,7 +784,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     last keys of each sequence) or None. Returns out (B, Sq, Hq, D) in q's dtype, and lse
     float32 (B, Hq, Sq) with ``return_lse``. Launches on ``stream`` or the current stream.
     """
-    kind, dtype_name, device = launch._check_gpu_inputs(q, k_cache, v_cache)
+    kind, dtype_name, device, interfaces = launch._gpu_inputs(q, k_cache, v_cache)
     if dtype_name not in ("float16", "bfloat16"):
         raise TypeError(f"decode on the GPU takes float16 or bfloat16 q / k_cache / v_cache, got "
                         f"{dtype_name}; use NumPy arrays (CPU mode) for float32 / float64")
@@ -751,8 +792,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     batch, seqlen_q, heads_q, head_dim = q.shape
     heads_kv = k_cache.shape[2]
     paged = block_table is not None
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        ptr, _, strides, _, _ = launch._interface(x, kind)
+    for name, (ptr, _, strides, _, _) in (("k_cache", interfaces[1]), ("v_cache", interfaces[2])):
         if ptr % 16 or any(st % 16 for st in strides[:3]):
             raise ValueError(f"{name} must be 16-byte aligned (pointer and the strides of its first "
                              f"three axes) for vector loads, got strides {tuple(strides)} bytes; "
@@ -835,7 +875,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         grid = (-(-splits // warps), batch, heads_kv * chunks)
         try:
             _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid,
-                             32 * warps, stream, q)
+                             32 * warps, stream, q, interfaces)
             if kind == "cai" and is_bf16:
                 out = launch._BFloat16Array(out)
             return (out, lse) if return_lse else out
