@@ -68,3 +68,21 @@ def test_folded_call_matches_the_reference_with_the_mask_object():
         want = reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
                          mask=mask)
         np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
+
+
+def test_packed_batch_takes_a_window_mask_on_the_kernel():
+    """A packed batch accepts masks.sliding_window() on the CUDA backend (the simulator here):
+    folded into the flags, it applies per sequence like them, and matches CPU mode with the
+    mask object."""
+    rng = np.random.default_rng(4)
+    lens_q, lens_k = [5, 0, 1, 7], [6, 2, 1, 9]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1], 2, 32)).astype(np.float32)
+    k = rng.standard_normal((cu_k[-1], 1, 32)).astype(np.float32)
+    v = rng.standard_normal((cu_k[-1], 1, 32)).astype(np.float32)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=9,
+              mask=masks.sliding_window(2, 0))
+    got = numba_flash.attention(q, k, v, backend="cuda", **kw)
+    want = numba_flash.attention(q, k, v, backend="cpu", **kw)
+    np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
