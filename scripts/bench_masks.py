@@ -7,9 +7,11 @@ attention, in one process; then time against block sparsity (FlashMask's Figure 
 FLOPs count visible pairs only (the paper's measure): 4 * head_dim * visible pairs * batch * heads.
 FlexAttention gets the same mask as a ``mask_mod`` reading the mask's column intervals (one
 compiled kernel for every mask), with ``create_block_mask`` built outside the timing; SDPA gets
-the dense boolean mask; the naive CuPy attention materialises the scores (float16 only). Our
-kernel's interval upload and tile table are cached on the mask object after the first call; the
-per-key-tile min/max runs at every call. Timings: CUDA events, median of ``--reps`` after warm-up.
+the dense boolean mask; the naive CuPy attention materialises the scores (in the inputs' dtype,
+or float32 where CuPy cannot compute in it: the row's ``naive_cupy_dtype``). Our kernel's
+interval upload, per-key-tile min/max and tile table are cached on the mask object after the
+first call. Timings: every call alone between CUDA events (host time before the launch
+included), median of ``--reps`` after warm-up.
 Results are written as JSON after every mask, so a run cut short keeps what it measured.
 """
 from __future__ import annotations
@@ -140,6 +142,21 @@ def naive_cupy(q, k, v, dense, scale):
     return out
 
 
+def naive_inputs(q, k, v):
+    """CuPy views of torch's q, k, v for the naive peer, and the dtype it computes in: the
+    inputs' own dtype when CuPy can multiply it (float16; bfloat16 through DLPack where this
+    CuPy supports it), else float32 copies (named in the row as ``naive_cupy_dtype``)."""
+    import cupy as cp
+
+    try:
+        arrays = tuple(cp.from_dlpack(x.contiguous()) for x in (q, k, v))
+        naive_cupy(*(a[:1, :1, :16] for a in arrays), None, 1.0)   # every step, tiny
+        cp.cuda.get_current_stream().synchronize()
+        return (*arrays, str(arrays[0].dtype))
+    except Exception:  # noqa: BLE001 - no such dtype in this CuPy: compute in float32
+        return (*(cp.from_dlpack(x.float().contiguous()) for x in (q, k, v)), "float32")
+
+
 def bench_set(args, results, save):
     import cupy as cp
     import torch
@@ -179,8 +196,8 @@ def bench_set(args, results, save):
                            else torch.from_numpy(mask.to_dense(n, n)).cuda())
                 row["sdpa_ms"] = timed(lambda: F.scaled_dot_product_attention(
                     q, k, v, attn_mask=dense_t[None, None]), max(2, args.reps // 2), 1)
-            if not args.no_naive and dtype_name == "float16":
-                cq, ck, cv = (cp.asarray(x) for x in (q, k, v))
+            if not args.no_naive:
+                cq, ck, cv, row["naive_cupy_dtype"] = naive_inputs(q, k, v)
                 dense_c = None if dense_t is None else cp.asarray(dense_t)
                 row["naive_cupy_ms"] = timed(lambda: naive_cupy(cq, ck, cv, dense_c, scale), 2, 1)
                 del cq, ck, cv, dense_c
