@@ -78,20 +78,27 @@ def block_sparsity(mask, n: int, block: int = 64) -> float:
     return float((classes == SKIP).mean())
 
 
+LAST_TIMES: dict = {}   # the last timed() call's every rep: "ms" (events), "host_us" (wall clock)
+
+
 def timed(fn, reps: int, warmup: int = 2) -> float:
-    """Median milliseconds of fn() over reps (CUDA events on torch's current stream)."""
+    """Median milliseconds of fn() over reps (CUDA events on torch's current stream). Every
+    rep's time and the wall-clock time fn() took to return are kept in LAST_TIMES."""
     import torch
 
     for _ in range(warmup):
         fn()
-    times = []
+    times, host = [], []
     for _ in range(reps):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         fn()
+        host.append((time.perf_counter() - t0) * 1e6)
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
+    LAST_TIMES.update(ms=[round(t, 4) for t in times], host_us=[round(h, 1) for h in host])
     return float(np.median(times))
 
 
@@ -185,10 +192,12 @@ def bench_set(args, results, save):
             ours = lambda: numba_flash.attention(qs, ks, vs, mask=mask)  # noqa: E731
             row["ours_ms"] = timed(ours, args.reps)
             row["ours_first_call_s"] = time.time() - t0
+            row["ours_reps_ms"], row["ours_host_us"] = LAST_TIMES["ms"], LAST_TIMES["host_us"]
             dense_t = None
             if flex is not None:
                 bm = flex.block_mask(mask)
                 row["flex_ms"] = timed(lambda: flex(q, k, v, bm), args.reps)
+                row["flex_reps_ms"], row["flex_host_us"] = LAST_TIMES["ms"], LAST_TIMES["host_us"]
                 err = (flex(q, k, v, bm).transpose(1, 2).float() - ours().float()).abs()
                 row["max_abs_diff_vs_flex"] = float(err.nan_to_num(0).max())
             if not args.no_sdpa:
