@@ -81,13 +81,32 @@ def block_sparsity(mask, n: int, block: int = 64) -> float:
 LAST_TIMES: dict = {}   # the last timed() call's every rep: "ms" (events), "host_us" (wall clock)
 
 
-def timed(fn, reps: int, warmup: int = 2) -> float:
+def timed(fn, reps: int, warmup: int = 3) -> float:
     """Median milliseconds of fn() over reps (CUDA events on torch's current stream). Every
-    rep's time and the wall-clock time fn() took to return are kept in LAST_TIMES."""
+    rep's time and the wall-clock time fn() took to return are kept in LAST_TIMES.
+
+    As ``timeit`` does, Python's cyclic garbage collector is off while the reps run (after
+    one collection), so that collections set off by earlier work (a compile, ours or
+    FlexAttention's, leaves a large object graph) do not land in the reps, whichever library
+    the call belongs to (docs/benchmarks.md, "Masks")."""
+    import gc
+
     import torch
 
     for _ in range(warmup):
         fn()
+    torch.cuda.synchronize()
+    gc.collect()
+    gc.disable()
+    try:
+        return _timed_reps(fn, reps)
+    finally:
+        gc.enable()
+
+
+def _timed_reps(fn, reps: int) -> float:
+    import torch
+
     times, host = [], []
     for _ in range(reps):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
