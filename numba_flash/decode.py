@@ -213,13 +213,15 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
             raise ValueError(f"mask: a tree of at most {MAX_TREE_NODES_GPU} nodes on the GPU, got "
                              f"{len(tree.parents)}")
 
-    if cache_seqlens is None:
+    full = cache_seqlens is None
+    if full and chosen == "cpu":
         cache_seqlens = _full_lengths(kind, q, batch, capacity)
     if check_indices is None:
         check_indices = kind == "numpy"
     if check_indices:
         host = _to_host if kind != "numpy" else np.asarray
-        _check_values(host(cache_seqlens), host(block_table) if paged else None, capacity,
+        lens = np.full(batch, capacity, dtype=np.int32) if full else host(cache_seqlens)
+        _check_values(lens, host(block_table) if paged else None, capacity,
                       num_pages, page_size, len(tree.parents) if tree is not None else 0)
     options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                    sinks=sinks, softcap=softcap, return_lse=return_lse)

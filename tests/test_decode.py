@@ -540,3 +540,28 @@ def test_flat_param_of_numba_arrays_is_read_once():
     second = _flat_param(x, "cupy", False)
     assert first == second == ("C", 2, [0, 0, 12, 4, 0x1000, 3, 4, 16, 4])
     assert DeviceArray.reads == 1
+
+
+@pytest.mark.parametrize("kernel, page, splits", [("mma", None, 3), ("mma", 8, 1),
+                                                  ("fma", None, 3)])
+def test_cache_seqlens_none_is_the_full_cache(monkeypatch, kernel, page, splits):
+    """cache_seqlens=None (every sequence fills the cache): the tensor-core kernel reads no
+    lengths (compiled with full_lens), the CUDA-core one gets a full-length array; both must
+    give exactly what explicit full lengths give."""
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_KERNEL", kernel)
+    rng = np.random.default_rng(21)
+    b, hq, hkv, d, smax = 2, 4, 2, 32, 48
+    q = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
+    k, v, table = make_cache(rng, "float16", b, smax, hkv, d, page)
+    dq, dk, dv = _dev(q), _dev(k), _dev(v)
+    bt = None if table is None else _dev_int(table, dq)
+    capacity = smax if table is None else table.shape[1] * page
+    full = _dev_int(np.full(b, capacity, dtype=np.int32), dq)
+    kw = dict(block_table=bt, num_splits=splits, return_lse=True, backend="cuda")
+    out_none, lse_none = numba_flash.decode(dq, dk, dv, cache_seqlens=None, **kw)
+    out_full, lse_full = numba_flash.decode(dq, dk, dv, cache_seqlens=full, **kw)
+    assert np.array_equal(_host(out_none), _host(out_full))
+    assert np.array_equal(_host(lse_none), _host(lse_full))
+    ref = reference(q[:1].astype(np.float64), gather_cache(k, 0, capacity, table)[None].astype(
+        np.float64), gather_cache(v, 0, capacity, table)[None].astype(np.float64), causal=True)
+    assert np.abs(_host(out_none)[:1].astype(np.float64) - ref[:1]).max() < 2e-3

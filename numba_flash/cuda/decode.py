@@ -778,6 +778,9 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
                 num_splits="auto", return_lse=False, stream=None):
     """Split-KV decode on the GPU (arguments already validated by ``numba_flash.decode``).
 
+    ``cache_seqlens=None``: every sequence fills the cache (the tensor-core kernel then reads
+    no lengths; the CUDA-core kernel gets a full-length array).
+
     q (B, Sq, Hq, D) float16/bfloat16; k_cache, v_cache (B, S_max, Hkv, D) or paged
     (num_pages, page_size, Hkv, D) with block_table int32 (B, max_pages); cache_seqlens int32
     (B,); all of one array kind. tree_parents: int array of a draft tree (<= 64 nodes, the
@@ -801,6 +804,12 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     m_rows = ratio * seqlen_q
     use_mma = _use_mma(head_dim)
     pow2_pages = not paged or k_cache.shape[1] & (k_cache.shape[1] - 1) == 0
+    full_lens = cache_seqlens is None and use_mma
+    if cache_seqlens is None and not use_mma:
+        from ..decode import _full_lengths
+
+        cache_seqlens = _full_lengths(kind, q, batch, k_cache.shape[1] if block_table is None
+                                      else block_table.shape[1] * k_cache.shape[1])
     if use_mma:
         block_n, stages, warps = mma_tile(head_dim, paged, pow2_pages)
         chunks = -(-m_rows // MMA_ROWS)
@@ -863,12 +872,14 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         # The caller's arrays as they are (no Numba device-array wrappers: see launch.py).
         arrays = (q, k_cache, v_cache,
                   block_table if paged else _dummy(kind, device, (1, 1), np.int32),
-                  cache_seqlens, tree_arg, out, lse if return_lse else dummy_f,
+                  _dummy(kind, device, (1,), np.int32) if full_lens else cache_seqlens,
+                  tree_arg, out, lse if return_lse else dummy_f,
                   _dummy(kind, device, (1, 1, 1, 1, 1), np.float32) if direct else o_part,
                   _dummy(kind, device, (1, 1, 1, 1), np.float32) if direct else lse_part)
         config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
                   has_tree, direct, bool(return_lse), block_n, stages, warps, not direct,
-                  _pdl_device(device), page_pow2, _pdl_late(), not direct and _new_tail())
+                  _pdl_device(device), page_pow2, _pdl_late(), not direct and _new_tail(),
+                  full_lens)
         ints = (ratio, chunks, splits)
         floats = (scale * log2e, scale / cap, cap * log2e)
         ints2 = (left, right, int(sinks), tree_len, page_size, page_shift)
@@ -898,7 +909,8 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         lse_part_arg = launch._kernel_array(lse_part, kind, False)
     bt_arg = launch._kernel_array(block_table, kind, False) if paged else \
         _dummy(kind, device, (1, 1), np.int32)
-    sl_arg = launch._kernel_array(cache_seqlens, kind, False)
+    sl_arg = _dummy(kind, device, (1,), np.int32) if full_lens else \
+        launch._kernel_array(cache_seqlens, kind, False)
     if kind == "numpy":
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
@@ -921,7 +933,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
             kern = mma_decode_kernel(head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                                      has_softcap, has_tree, direct, bool(return_lse), block_n,
                                      stages, warps, fold, False, page_pow2, False,
-                                     not direct and _new_tail())
+                                     not direct and _new_tail(), full_lens)
             kern[(-(-splits // warps), batch, heads_kv * chunks), 32 * warps, launch_stream](
                 qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
                 counters, ratio, chunks, splits, f32(scale * log2e), f32(scale / cap),

@@ -86,7 +86,8 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                            has_right: bool, has_sinks: bool, has_softcap: bool, has_tree: bool,
                            direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
                            fold: bool = False, pdl: bool = False, page_pow2: int = 0,
-                           pdl_late: bool = False, new_tail: bool = True):
+                           pdl_late: bool = False, new_tail: bool = True,
+                           full_lens: bool = False):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
@@ -124,6 +125,9 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     from registers, and a max-then-reduce-scatter combination of the lane groups. False keeps
     the previous tail (NUMBA_FLASH_DECODE_TAIL=old, for A/B timings).
 
+    ``full_lens``: every sequence fills the cache (``cache_seqlens=None``): the length is the
+    capacity, ``cache_seqlens`` is not read, and the first copies wait for no load.
+
     Grid ``(ceil(n_splits / warps), B, Hkv * row_chunks)``, ``32 * warps`` threads;
     ``block_n`` a multiple of 16, ``stages`` in 2..4, within 48 KB of static shared memory.
     """
@@ -153,6 +157,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     FOLD = bool(fold) and not direct
     PDL = bool(pdl)
     PDL_LATE = PDL and bool(pdl_late)
+    FULL_LENS = bool(full_lens)
     # Fast copy (see the docstring): lanes cover whole rows, RPI rows per warp instruction.
     RPI = 32 // CPR if 32 % CPR == 0 else 0
     PAGE = int(page_pow2) if paged else 0
@@ -205,8 +210,11 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
             capacity = block_table.shape[1] * page_size
         else:
             capacity = k.shape[1]
-        n = cache_seqlens[b]
-        n = max(0, min(n, capacity))    # memory safety only: the host validates when asked
+        if FULL_LENS:
+            n = capacity
+        else:
+            n = cache_seqlens[b]
+            n = max(0, min(n, capacity))    # memory safety only: the host validates when asked
         offset = n - seqlen_q
         m_rows = heads_ratio * seqlen_q
 
