@@ -31,7 +31,7 @@ def case(rng, b, sq, hq, hkv, d, smax, lens, page=None, **kw):
         k = rng.standard_normal((b * per + 2, page, hkv, d)).astype(np.float16)
         table = rng.permutation(b * per + 2)[:b * per].reshape(b, per).astype(np.int32)
     v = rng.standard_normal(k.shape).astype(np.float16)
-    lens = np.asarray(lens, np.int32)
+    lens = None if lens is None else np.asarray(lens, np.int32)   # None: full caches
     args = dict(cache_seqlens=lens, block_table=table, **kw)
     out = numba_flash.decode(*(cp.asarray(x) for x in (q, k, v)),
                              **{n: (cp.asarray(x) if isinstance(x, np.ndarray) else x)
@@ -59,6 +59,8 @@ def main():
         errs.append(case(rng, 2, 1, 4, 4, 128, 2048, [2048, 1500], num_splits=8))  # group 1
         errs.append(case(rng, 2, 1, 4, 2, 64, 600, [600, 301], page=6, num_splits=3,
                          window_size=(100, -1), sinks=5))      # 6-row pages, sinks
+        errs.append(case(rng, 2, 1, 8, 2, 128, 256, None, page=16, num_splits=4))  # full_lens
+        errs.append(case(rng, 2, 2, 4, 2, 128, 300, None, num_splits=3))
     os.environ.pop("NUMBA_FLASH_DECODE_KERNEL")
     os.environ.pop("NUMBA_FLASH_DECODE_FOLD")
     # Back-to-back launches on one stream with programmatic dependent launch (each waits for
