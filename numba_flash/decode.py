@@ -131,8 +131,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
         q: float16 / bfloat16 on the GPU; float16, bfloat16, float32, float64 on NumPy.
     cache_seqlens : int32 array (batch,), optional
         Valid length n of each sequence, new tokens included (the queries are its last
-        seqlen_q positions). Default: the full capacity (max_seqlen, or max_pages * page_size).
-        n = 0 gives output 0 and lse -inf.
+        seqlen_q positions). Default: the full capacity (max_seqlen, or max_pages * page_size);
+        then the GPU kernel reads no lengths (a full cache needs no length array). n = 0 gives
+        output 0 and lse -inf.
     block_table : int32 array (batch, max_pages), optional
         Page indices: key j of sequence b is row ``j % page_size`` of page
         ``block_table[b, j // page_size]``.
