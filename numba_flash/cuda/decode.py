@@ -593,11 +593,16 @@ def _elem_types():
     return _ELEMS
 
 
+def _is_numba_array(x) -> bool:
+    """A Numba device array (our cached placeholders and counters): fixed pointer and shape."""
+    return type(x).__module__.startswith("numba")
+
+
 def _flat_param(x, kind, as_words):
     """(layout, ndim, flattened Numba array parameters) of a kernel array argument. A Numba
     device array (the dummies, the counters) keeps its result: its pointer, shape and strides
     never change, and reading its ``__cuda_array_interface__`` costs microseconds per call."""
-    numba_array = type(x).__module__.startswith("numba")
+    numba_array = _is_numba_array(x)
     if numba_array:
         cached = x.__dict__.get("_nf_flat_param", {}).get(as_words)
         if cached is not None:
@@ -635,7 +640,7 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
     all_arrays = arrays + (counters,)
     ptrs, metas = [], []
     for i, x in enumerate(all_arrays):
-        if type(x).__module__.startswith("numba"):
+        if _is_numba_array(x):
             metas.append(id(x))
             continue
         ptr, shape, strides, itemsize, _ = (interfaces[i] if interfaces is not None and
@@ -678,7 +683,7 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
     for i, x in enumerate(all_arrays):
         lay, ndim, flat = _flat_param(x, kind, i in _WORD_ARRAYS)
         layouts.append((lay, ndim))
-        if not type(x).__module__.startswith("numba"):
+        if not _is_numba_array(x):
             slots.append(len(params) + 4)          # the data pointer of a flattened array
         params.extend(flat)
     key = (config, tuple(layouts), dev)
@@ -694,7 +699,7 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
     params.extend(ctypes.c_float(v) for v in floats)
     params.extend(ctypes.c_int64(v) for v in ints2)
     cfg = _pdl_config(grid, threads) if pdl else launch._launch_config(grid, threads)
-    numba_arrays = tuple(x for x in all_arrays if type(x).__module__.startswith("numba"))
+    numba_arrays = tuple(x for x in all_arrays if _is_numba_array(x))
     return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays
 
 
@@ -804,12 +809,6 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     m_rows = ratio * seqlen_q
     use_mma = _use_mma(head_dim)
     pow2_pages = not paged or k_cache.shape[1] & (k_cache.shape[1] - 1) == 0
-    full_lens = cache_seqlens is None and use_mma
-    if cache_seqlens is None and not use_mma:
-        from ..decode import _full_lengths
-
-        cache_seqlens = _full_lengths(kind, q, batch, k_cache.shape[1] if block_table is None
-                                      else block_table.shape[1] * k_cache.shape[1])
     if use_mma:
         block_n, stages, warps = mma_tile(head_dim, paged, pow2_pages)
         chunks = -(-m_rows // MMA_ROWS)
@@ -825,6 +824,11 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         capacity = k_cache.shape[1]
     page_shift = page_size.bit_length() - 1 if page_size & (page_size - 1) == 0 else -1
     page_pow2 = page_size if paged and page_shift >= 0 else 0
+    full_lens = cache_seqlens is None and use_mma
+    if cache_seqlens is None and not use_mma:   # the CUDA-core kernel always reads lengths
+        from ..decode import _full_lengths
+
+        cache_seqlens = _full_lengths(kind, q, batch, capacity)
 
     left, right, has_left, has_right, has_sinks, has_softcap = launch.window_flags(
         causal, window_size, sinks, softcap)
