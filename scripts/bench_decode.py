@@ -13,6 +13,8 @@ and bfloat16; contiguous caches and paged ones (page sizes 16 and 64, shuffled b
         [--pdl-ab]          # also time every table row with NUMBA_FLASH_DECODE_PDL=1
         [--tail-ab]         # also time every table row with the old merge tail
                             # (NUMBA_FLASH_DECODE_TAIL=old; the table's own column is the default)
+        [--cluster-ab]      # also time every table row with NUMBA_FLASH_DECODE_CLUSTER=0
+        [--shapes 3,0]      # table rows for these SHAPES indices only
         [--no-bf16-paged]   # skip the bfloat16 paged rows (shorter runs)
 
 Timing: each measurement enqueues a ~0.08 s spin kernel first (torch.cuda._sleep), then REPS calls
@@ -136,6 +138,10 @@ def main():
                     help="also time each table row with programmatic dependent launch")
     ap.add_argument("--tail-ab", action="store_true",
                     help="also time each table row with NUMBA_FLASH_DECODE_TAIL=old")
+    ap.add_argument("--cluster-ab", action="store_true",
+                    help="also time each table row with NUMBA_FLASH_DECODE_CLUSTER=0 (the "
+                         "last-warp fold instead of the cluster merge), then the default again")
+    ap.add_argument("--shapes", default="", help="indices into SHAPES for the table, e.g. 3,0")
     ap.add_argument("--no-bf16-paged", action="store_true", help="skip bfloat16 paged rows")
     ap.add_argument("--sanitize-case", action="store_true",
                     help="run one small paged decode (splits, tree mask) and exit: for "
@@ -169,7 +175,9 @@ def main():
     if args.tiles:
         tile_sweep(args, copy_bw, save, result["tile_sweep"])
         save()
-    for (b, hq, hkv, L, d) in ([] if args.no_table else SHAPES[:1] if args.quick else SHAPES):
+    table_shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
+    for (b, hq, hkv, L, d) in ([] if args.no_table else SHAPES[:1] if args.quick
+                               else table_shapes):
         for dtype in DTYPES:
             for page in LAYOUTS:
                 if args.no_bf16_paged and dtype == "bfloat16" and page is not None:
@@ -189,7 +197,7 @@ def main():
 
                 row.update(ours_ms=ms, ours_call_us=call_time_us(fn),
                            ours_gbs=kv_bytes / ms / 1e6, splits=LAST_PLAN.get("splits"),
-                           tile=LAST_PLAN.get("tile"))
+                           tile=LAST_PLAN.get("tile"), merge=LAST_PLAN.get("merge"))
                 row["ours_pct_copy"] = 100 * row["ours_gbs"] / copy_bw
                 if args.pdl_ab:
                     import os
@@ -213,6 +221,23 @@ def main():
                           f"{t_old * 1e3:.1f} us {row['old_tail_pct_copy']:.1f}%, new "
                           f"{t_new * 1e3:.1f} us {row['new_tail_pct_copy']:.1f}% "
                           f"(table {ms * 1e3:.1f} us)", flush=True)
+                if args.cluster_ab:
+                    import os
+
+                    os.environ["NUMBA_FLASH_DECODE_CLUSTER"] = "0"
+                    t_fold = gpu_time_ms(fn)
+                    fold_merge = LAST_PLAN.get("merge")
+                    os.environ.pop("NUMBA_FLASH_DECODE_CLUSTER")
+                    t_default = gpu_time_ms(fn)     # again, right after: drift shows in the pair
+                    row.update(fold_ms=t_fold, fold_merge=fold_merge,
+                               fold_pct_copy=100 * kv_bytes / t_fold / 1e6 / copy_bw,
+                               default_again_ms=t_default,
+                               default_again_pct_copy=100 * kv_bytes / t_default / 1e6 / copy_bw)
+                    print(f"  cluster A/B {(b, hq, hkv, L)} {dtype} {row['layout']}: "
+                          f"{fold_merge} {t_fold * 1e3:.2f} us {row['fold_pct_copy']:.1f}%, "
+                          f"{row['merge']} {ms * 1e3:.2f} / {t_default * 1e3:.2f} us "
+                          f"{row['ours_pct_copy']:.1f} / {row['default_again_pct_copy']:.1f}%",
+                          flush=True)
                 if page is None:
                     sdpa_times(q, k, v, row)
                     for name in ("flash", "cudnn"):

@@ -418,6 +418,7 @@ def test_gpu_merge_tails(monkeypatch, tail, d, ratio, splits):
     rows per chunk (32: two chunks), head_dims whose reduce-scatter stops early, empty
     sequences."""
     monkeypatch.setenv("NUMBA_FLASH_DECODE_TAIL", tail)
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_CLUSTER", "0")     # the tails, not the cluster merge
     rng = np.random.default_rng(d * 100 + ratio * 10 + splits)
     check_decode(rng, "float16", 2, 1, 2 * ratio, 2, d, 3000, [3000, 0], num_splits=splits)
 
@@ -472,11 +473,58 @@ def test_gpu_direct_launch_matches_dispatcher(monkeypatch, splits):
     k = cp.asarray(rng.standard_normal((2, 700, 2, 128)).astype(np.float16))
     v = cp.asarray(rng.standard_normal((2, 700, 2, 128)).astype(np.float16))
     lens = cp.asarray(np.array([700, 311], np.int32))
+    # The dispatcher cannot launch clusters: compare the launch machinery on the last-warp fold.
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_CLUSTER", "0")
     fast = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits, return_lse=True)
     assert dec._FAST["on"] and dec._FAST["error"] is None
     monkeypatch.setitem(dec._FAST, "on", False)
     slow = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits, return_lse=True)
     assert cp.array_equal(fast[0], slow[0]) and cp.array_equal(fast[1], slow[1])
+
+
+@gpu
+@pytest.mark.parametrize("d, ratio, sq, splits, page", [
+    (128, 1, 1, 16, None), (128, 1, 1, 16, 16), (128, 8, 1, 2, 64), (128, 16, 2, 9, None),
+    (128, 4, 3, 5, 16), (64, 2, 1, 8, None), (96, 4, 1, 12, None), (32, 1, 1, 3, 64)])
+def test_gpu_cluster_merge(monkeypatch, d, ratio, sq, splits, page):
+    """The cluster merge (2..16 splits, one cluster per chunk, distributed shared memory)
+    against the reference: 1 to 16 live rows per chunk (32: two chunks), head_dims 32 to 128,
+    paged caches, an empty and a one-key sequence; and against the last-warp fold to
+    rounding."""
+    from numba_flash.cuda import decode as dec
+
+    rng = np.random.default_rng(d * 1000 + ratio * 10 + splits)
+    out, lse = check_decode(rng, "float16", 3, sq, 2 * ratio, 2, d, 3000, [3000, 0, 1],
+                            page_size=page, num_splits=splits)
+    assert dec.LAST_PLAN["merge"] == "cluster", (dec.LAST_PLAN, dec._CLUSTER)
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_CLUSTER", "0")
+    rng = np.random.default_rng(d * 1000 + ratio * 10 + splits)
+    out_f, lse_f = check_decode(rng, "float16", 3, sq, 2 * ratio, 2, d, 3000, [3000, 0, 1],
+                                page_size=page, num_splits=splits)
+    assert dec.LAST_PLAN["merge"] == "fold"
+    diff = np.abs(out.astype(np.float32) - out_f.astype(np.float32)).max()
+    assert diff <= 2e-3, diff                      # a rounding step of fp16 outputs near 1
+    fin = np.isfinite(lse_f)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(lse_f))
+    assert np.allclose(lse[fin], lse_f[fin], rtol=1e-6, atol=1e-6)
+
+
+@gpu
+def test_gpu_cluster_choice_and_same_bits():
+    """16 splits merge in a cluster, 17 in the fold; repeated cluster calls give the same bits
+    (the merge order does not depend on which block finishes last)."""
+    from numba_flash.cuda import decode as dec
+
+    rng = np.random.default_rng(31)
+    q = cp.asarray(rng.standard_normal((1, 1, 32, 128)).astype(np.float16))
+    k = cp.asarray(rng.standard_normal((1, 8192, 32, 128)).astype(np.float16))
+    v = cp.asarray(rng.standard_normal((1, 8192, 32, 128)).astype(np.float16))
+    runs = [numba_flash.decode(q, k, v, num_splits=16, return_lse=True) for _ in range(20)]
+    assert dec.LAST_PLAN["merge"] == "cluster"
+    for out, lse in runs:
+        assert cp.array_equal(out, runs[0][0]) and cp.array_equal(lse, runs[0][1])
+    numba_flash.decode(q, k, v, num_splits=17)
+    assert dec.LAST_PLAN["merge"] == "fold"
 
 
 @gpu

@@ -45,7 +45,7 @@ from numba.cuda import types
 
 from . import launch
 from .device import current_device_id
-from .decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
+from .decode_mma import CLUSTER_MAX_SPLITS, MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
 from .decodedev import cache_slot, split_keys
 from .jitcache import jit_kernel
 from .merge import OUT_BF16, OUT_F16, launch_merge
@@ -557,6 +557,50 @@ def _new_tail() -> bool:
     return os.environ.get("NUMBA_FLASH_DECODE_TAIL", "new") != "old"
 
 
+_CLUSTER = {"on": not SIMULATOR and os.environ.get("NUMBA_FLASH_DECODE_CLUSTER", "1") != "0",
+            "error": None}
+
+
+def _cluster_merge(device, splits: int, warps: int) -> bool:
+    """Whether the tensor-core kernel merges its splits inside thread-block clusters
+    (decode_mma.py, ``cluster``): a real GPU of compute capability 9.0 or later, 2 to
+    CLUSTER_MAX_SPLITS splits, one warp per block, the direct launch, and
+    NUMBA_FLASH_DECODE_CLUSTER not "0" (read per call, for A/B timings in one process). Otherwise
+    the last-warp fold does."""
+    if not (_CLUSTER["on"] and _FAST["on"] and warps == 1 and 2 <= splits <= CLUSTER_MAX_SPLITS):
+        return False
+    if os.environ.get("NUMBA_FLASH_DECODE_CLUSTER", "1") == "0":
+        return False
+    return _pdl_device(device)       # sm_90 and later
+
+
+def _cluster_config(grid, threads, cluster_x):
+    """A cuda.core launch configuration for ``grid`` blocks in clusters of ``cluster_x`` blocks
+    along x. cuda.core counts ``grid`` in clusters when a cluster is given (since the fix of
+    NVIDIA/cuda-python#867; its LaunchConfig docstring says so), in blocks before."""
+    key = (grid, threads, cluster_x)
+    cfg = _CLUSTER_CONFIGS.get(key)
+    if cfg is None:
+        in_clusters = "number of clusters" in (launch._CoreLaunchConfig.__doc__ or "")
+        g = (grid[0] // cluster_x, grid[1], grid[2]) if in_clusters else grid
+        cfg = _CLUSTER_CONFIGS[key] = launch._CoreLaunchConfig(grid=g, cluster=(cluster_x, 1, 1),
+                                                               block=threads)
+    return cfg
+
+
+_CLUSTER_CONFIGS: dict = {}
+
+
+def _allow_large_clusters(cufunc, dev):
+    """Clusters of more than 8 blocks (non-portable; H100 takes 16) for this kernel."""
+    from cuda.bindings import driver as cu
+
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    err, = cu.cuKernelSetAttribute(attr, 1, cufunc.handle, cu.CUdevice(dev))
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed: {err}")
+
+
 def _counters(kind, device, n, stream):
     """int32 zeros (>= n) for the folded merge's arrival counters, one buffer per (device,
     stream): every launch leaves them at zero again, and launches on one stream are ordered.
@@ -694,11 +738,19 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
         sig = types.void(*arg_types, types.int64, types.int64, types.int64, types.float32,
                          types.float32, types.float32, *([types.int64] * 6))
         kobj = mma_decode_kernel(*config).compile(sig)
-        core_kernel = _FAST_LAUNCHERS[key] = kobj._codelibrary.get_cufunc().kernel
+        cufunc = kobj._codelibrary.get_cufunc()
+        if config[19]:          # cluster merge
+            _allow_large_clusters(cufunc, dev)
+        core_kernel = _FAST_LAUNCHERS[key] = cufunc.kernel
     params.extend(ctypes.c_int64(v) for v in ints)
     params.extend(ctypes.c_float(v) for v in floats)
     params.extend(ctypes.c_int64(v) for v in ints2)
-    cfg = _pdl_config(grid, threads) if pdl else launch._launch_config(grid, threads)
+    if config[19]:
+        cfg = _cluster_config(grid, threads, grid[0])
+    elif pdl:
+        cfg = _pdl_config(grid, threads)
+    else:
+        cfg = launch._launch_config(grid, threads)
     numba_arrays = tuple(x for x in all_arrays if _is_numba_array(x))
     return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays
 
@@ -850,6 +902,8 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     else:
         splits = int(num_splits)
     direct = splits == 1
+    cluster = (use_mma and not direct and kind != "numpy" and
+               _fold_merge() and _cluster_merge(device, splits, warps))
 
     out = launch._empty_like_kind(kind, q, (batch, seqlen_q, heads_q, head_dim), dtype_name)
     lse = launch._empty_like_kind(kind, q, (batch, heads_q, seqlen_q), "float32") \
@@ -859,7 +913,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
 
     dummy_f = _dummy(kind, device, (1, 1, 1), np.float32)
     o_part = lse_part = None
-    if not direct:
+    if not direct and not cluster:
         o_part = launch._empty_like_kind(kind, q, (splits, batch, seqlen_q, heads_q, head_dim),
                                          "float32")
         lse_part = launch._empty_like_kind(kind, q, (splits, batch, heads_q, seqlen_q), "float32")
@@ -871,19 +925,23 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     log2e = 1.0 / math.log(2.0)
     cap = float(softcap) if has_softcap else 1.0
     f32 = np.float32
-    LAST_PLAN.update(splits=splits, tile=(block_n, stages, warps) if use_mma else None)
+    LAST_PLAN.update(splits=splits, tile=(block_n, stages, warps) if use_mma else None,
+                     merge="direct" if direct else "cluster" if cluster else
+                     "fold" if use_mma and _fold_merge() else "kernel")
     if use_mma and kind != "numpy" and _FAST["on"] and (direct or _fold_merge()):
         # The caller's arrays as they are (no Numba device-array wrappers: see launch.py).
         arrays = (q, k_cache, v_cache,
                   block_table if paged else _dummy(kind, device, (1, 1), np.int32),
                   _dummy(kind, device, (1,), np.int32) if full_lens else cache_seqlens,
                   tree_arg, out, lse if return_lse else dummy_f,
-                  _dummy(kind, device, (1, 1, 1, 1, 1), np.float32) if direct else o_part,
-                  _dummy(kind, device, (1, 1, 1, 1), np.float32) if direct else lse_part)
+                  _dummy(kind, device, (1, 1, 1, 1, 1), np.float32) if direct or cluster
+                  else o_part,
+                  _dummy(kind, device, (1, 1, 1, 1), np.float32) if direct or cluster
+                  else lse_part)
         config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
-                  has_tree, direct, bool(return_lse), block_n, stages, warps, not direct,
-                  _pdl_device(device), page_pow2, _pdl_late(), not direct and _new_tail(),
-                  full_lens)
+                  has_tree, direct, bool(return_lse), block_n, stages, warps,
+                  not direct and not cluster, _pdl_device(device), page_pow2, _pdl_late(),
+                  not direct and _new_tail(), full_lens, cluster)
         ints = (ratio, chunks, splits)
         floats = (scale * log2e, scale / cap, cap * log2e)
         ints2 = (left, right, int(sinks), tree_len, page_size, page_shift)
@@ -897,6 +955,16 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         except Exception as exc:  # noqa: BLE001 - keep working through the dispatcher
             import warnings
 
+            if cluster:             # the cluster launch failed: the last-warp fold from now on
+                _CLUSTER["on"] = False
+                _CLUSTER["error"] = repr(exc)
+                warnings.warn(f"numba_flash.decode: cluster launch failed ({exc!r}); merging "
+                              f"splits with the last-warp fold from now on", RuntimeWarning)
+                return decode_cuda(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                   block_table=block_table, softmax_scale=softmax_scale,
+                                   causal=causal, window_size=window_size, sinks=sinks,
+                                   tree_parents=tree_parents, softcap=softcap,
+                                   num_splits=num_splits, return_lse=return_lse, stream=stream)
             _FAST["on"] = False
             _FAST["error"] = repr(exc)
             warnings.warn(f"numba_flash.decode: direct launch failed ({exc!r}); using Numba's "

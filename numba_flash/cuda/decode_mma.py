@@ -28,11 +28,12 @@ from numba import cuda
 from numba.cuda import types
 
 from .decodedev import cache_slot, split_keys
+from .cluster import cluster_sync, ld_dsmem_f1, ld_dsmem_f2, st_smem_f1, st_smem_f2
 from .decodesync import arrive_acq_rel, bcast0, ld2, st2
 from .jitcache import jit_kernel
-from .warp import (SIMULATOR, cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
-                   cp_async_wait_3, exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16,
-                   shfl_xor, syncwarp)
+from .warp import (SIMULATOR, cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1,
+                   cp_async_wait_2, cp_async_wait_3, cp_async_wait_all, exp2, ldmatrix_x4,
+                   ldmatrix_x4_trans, mma16, pack16, shfl_xor, syncwarp)
 
 if SIMULATOR:
     def grid_dependency_wait():
@@ -49,9 +50,12 @@ else:
     grid_dependency_wait = _bare_asm_intrinsic("griddepcontrol.wait;")
     grid_launch_dependents = _bare_asm_intrinsic("griddepcontrol.launch_dependents;")
 
-__all__ = ["make_mma_decode_kernel", "mma_decode_supported", "mma_smem_bytes", "MMA_ROWS"]
+__all__ = ["make_mma_decode_kernel", "mma_decode_supported", "mma_smem_bytes", "MMA_ROWS",
+           "CLUSTER_MAX_SPLITS"]
 
 MMA_ROWS = 16
+# Splits of one cluster merge: 16 blocks is H100's largest (non-portable) cluster.
+CLUSTER_MAX_SPLITS = 16
 LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
 
@@ -87,7 +91,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                            direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
                            fold: bool = False, pdl: bool = False, page_pow2: int = 0,
                            pdl_late: bool = False, new_tail: bool = True,
-                           full_lens: bool = False):
+                           full_lens: bool = False, cluster: bool = False):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
@@ -128,6 +132,12 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     ``full_lens``: every sequence fills the cache (``cache_seqlens=None``): the length is the
     capacity, ``cache_seqlens`` is not read, and the first copies wait for no load.
 
+    ``cluster`` (sm_90 and later, with splits, one warp per block): the grid's x extent is
+    ``n_splits`` (2..CLUSTER_MAX_SPLITS) and is launched as one thread-block cluster per
+    (batch item, kv head, chunk). The splits merge through distributed shared memory after a
+    cluster barrier (``cuda/cluster.py``): no partial states in global memory, no counters,
+    no last-warp election; o_part, lse_part and counters are not touched.
+
     Grid ``(ceil(n_splits / warps), B, Hkv * row_chunks)``, ``32 * warps`` threads;
     ``block_n`` a multiple of 16, ``stages`` in 2..4, within 48 KB of static shared memory.
     """
@@ -154,7 +164,10 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     H0, H1, H2 = MF // 2, MF // 4, MF // 8
     NR = MF >> RS                 # values a lane holds after RS scatter levels
     BF16 = bool(is_bf16)
-    FOLD = bool(fold) and not direct
+    CLUSTER = bool(cluster) and not direct
+    FOLD = bool(fold) and not direct and not CLUSTER
+    MAXS = CLUSTER_MAX_SPLITS     # cluster merge: splits read per output pair (predicated)
+    HD = D // 2                   # output pairs per row
     PDL = bool(pdl)
     PDL_LATE = PDL and bool(pdl_late)
     FULL_LENS = bool(full_lens)
@@ -170,6 +183,9 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
         raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, warps {NW} at "
                          f"head_dim {D} (block_n a multiple of 16, stages 2..4, K/V rings within "
                          f"48 KB of shared memory)")
+    if CLUSTER and (NW != 1 or S * BN * KW < 16 * D):
+        raise ValueError(f"the cluster merge needs one warp per block and a K ring of at least "
+                         f"16 fp32 rows of head_dim {D}, got block_n {BN}, stages {S}, warps {NW}")
 
     def kernel(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part, lse_part,
                counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out,
@@ -507,7 +523,77 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
         if l1 > 0:
             inv1 = np.float32(1.0) / l1
             lse1 = (m1 + math.log2(l1)) * np.float32(LN2)
-        if live0:
+        if CLUSTER:
+            # Cluster merge: the n_splits warps (one per block) of this chunk form one cluster.
+            # Each puts its normalised state in its own ring (fp32, row r at words
+            # r * D .. r * D + D - 1 of the K ring, lse of row r at word r of the V ring), the
+            # cluster barrier publishes them, and every lane of the cluster then merges output
+            # pairs of the chunk from all splits through distributed shared memory, in split
+            # order (bitwise reproducible). A second barrier keeps every block's shared memory
+            # alive until the last remote read is done.
+            cp_async_wait_all()
+            syncwarp()         # every lane's ldmatrix reads of the ring precede the overwrite
+            if live0:
+                for dn in range(ND):
+                    f = g * D + dn * 8 + 2 * t
+                    fr = f // KW
+                    st_smem_f2(ks, fr, f - fr * KW, acc[dn * 4] * inv0, acc[dn * 4 + 1] * inv0)
+                if t == 0:
+                    st_smem_f1(vs, g // KW, g - (g // KW) * KW, lse0)
+            if live1:
+                for dn in range(ND):
+                    f = (g + 8) * D + dn * 8 + 2 * t
+                    fr = f // KW
+                    st_smem_f2(ks, fr, f - fr * KW, acc[dn * 4 + 2] * inv1,
+                               acc[dn * 4 + 3] * inv1)
+                if t == 0:
+                    st_smem_f1(vs, (g + 8) // KW, (g + 8) - ((g + 8) // KW) * KW, lse1)
+            cluster_sync()
+            lv = cuda.local.array(MAXS, types.float32)
+            ov0 = cuda.local.array(MAXS, types.float32)
+            ov1 = cuda.local.array(MAXS, types.float32)
+            for idx in range(cuda.blockIdx.x * 32 + lane, chunk_rows * HD, n_splits * 32):
+                r = idx // HD
+                c = (idx - r * HD) * 2
+                f = r * D + c
+                fr = f // KW
+                fc = f - fr * KW
+                lr = r // KW
+                lc = r - lr * KW
+                # All loads first (independent, in flight together), then the arithmetic.
+                for sp in range(MAXS):
+                    lv[sp] = np.float32(NEG_INF)
+                    ov0[sp] = np.float32(0.0)
+                    ov1[sp] = np.float32(0.0)
+                    if sp < n_splits:
+                        lv[sp] = ld_dsmem_f1(vs, lr, lc, sp)
+                        x0, x1 = ld_dsmem_f2(ks, fr, fc, sp)
+                        ov0[sp] = x0
+                        ov1[sp] = x1
+                mx = np.float32(NEG_INF)
+                for sp in range(MAXS):
+                    mx = max(mx, lv[sp])
+                mu = mx if mx != NEG_INF else np.float32(0.0)
+                tot = np.float32(0.0)
+                o0 = np.float32(0.0)
+                o1 = np.float32(0.0)
+                for sp in range(MAXS):
+                    w = exp2((lv[sp] - mu) * np.float32(LOG2E))    # 0 for empty / absent splits
+                    tot += w
+                    o0 += w * ov0[sp]
+                    o1 += w * ov1[sp]
+                inv = np.float32(0.0)
+                if tot > 0:
+                    inv = np.float32(1.0) / tot
+                rr = chunk * 16 + r
+                gi = rr // seqlen_q
+                sq = rr - gi * seqlen_q
+                hh = hk * heads_ratio + gi
+                out[b, sq, hh, c >> 1] = pack16(BF16, o0 * inv, o1 * inv)
+                if write_lse and c == 0:
+                    lse[b, hh, sq] = mu + math.log(tot) if tot > 0 else NEG_INF
+            cluster_sync()     # no block leaves while another still reads its shared memory
+        if live0 and not CLUSTER:
             for dn in range(ND):
                 if direct:
                     out[b, s0, h0, dn * 4 + t] = pack16(BF16, acc[dn * 4] * inv0,
@@ -524,7 +610,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                         lse[b, h0, s0] = lse0
                 else:
                     lse_part[split, b, h0, s0] = lse0
-        if live1:
+        if live1 and not CLUSTER:
             for dn in range(ND):
                 if direct:
                     out[b, s1, h1, dn * 4 + t] = pack16(BF16, acc[dn * 4 + 2] * inv1,
@@ -813,4 +899,4 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
 
     return _jit(kernel, ("decode_mma", head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                          has_softcap, has_tree, direct, write_lse, block_n, stages, warps, fold,
-                         pdl, PAGE, PDL_LATE, NEW_TAIL))
+                         pdl, PAGE, PDL_LATE, NEW_TAIL, FULL_LENS, CLUSTER))
