@@ -418,7 +418,6 @@ def test_gpu_merge_tails(monkeypatch, tail, d, ratio, splits):
     rows per chunk (32: two chunks), head_dims whose reduce-scatter stops early, empty
     sequences."""
     monkeypatch.setenv("NUMBA_FLASH_DECODE_TAIL", tail)
-    monkeypatch.setenv("NUMBA_FLASH_DECODE_CLUSTER", "0")     # the tails, not the cluster merge
     rng = np.random.default_rng(d * 100 + ratio * 10 + splits)
     check_decode(rng, "float16", 2, 1, 2 * ratio, 2, d, 3000, [3000, 0], num_splits=splits)
 
@@ -473,8 +472,6 @@ def test_gpu_direct_launch_matches_dispatcher(monkeypatch, splits):
     k = cp.asarray(rng.standard_normal((2, 700, 2, 128)).astype(np.float16))
     v = cp.asarray(rng.standard_normal((2, 700, 2, 128)).astype(np.float16))
     lens = cp.asarray(np.array([700, 311], np.int32))
-    # The dispatcher cannot launch clusters: compare the launch machinery on the last-warp fold.
-    monkeypatch.setenv("NUMBA_FLASH_DECODE_CLUSTER", "0")
     fast = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits, return_lse=True)
     assert dec._FAST["on"] and dec._FAST["error"] is None
     monkeypatch.setitem(dec._FAST, "on", False)
@@ -493,6 +490,7 @@ def test_gpu_cluster_merge(monkeypatch, d, ratio, sq, splits, page):
     rounding."""
     from numba_flash.cuda import decode as dec
 
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_CLUSTER", "1")
     rng = np.random.default_rng(d * 1000 + ratio * 10 + splits)
     out, lse = check_decode(rng, "float16", 3, sq, 2 * ratio, 2, d, 3000, [3000, 0, 1],
                             page_size=page, num_splits=splits)
@@ -510,10 +508,13 @@ def test_gpu_cluster_merge(monkeypatch, d, ratio, sq, splits, page):
 
 
 @gpu
-def test_gpu_cluster_choice_and_same_bits():
-    """16 splits merge in a cluster, 17 in the fold; repeated cluster calls give the same bits
-    (the merge order does not depend on which block finishes last)."""
+def test_gpu_cluster_choice_and_same_bits(monkeypatch):
+    """With NUMBA_FLASH_DECODE_CLUSTER=1, 16 splits merge in a cluster, 17 in the fold (and
+    without it, 16 too); repeated cluster calls give the same bits (the merge order does not
+    depend on which block finishes last)."""
     from numba_flash.cuda import decode as dec
+
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_CLUSTER", "1")
 
     rng = np.random.default_rng(31)
     q = cp.asarray(rng.standard_normal((1, 1, 32, 128)).astype(np.float16))
@@ -524,6 +525,9 @@ def test_gpu_cluster_choice_and_same_bits():
     for out, lse in runs:
         assert cp.array_equal(out, runs[0][0]) and cp.array_equal(lse, runs[0][1])
     numba_flash.decode(q, k, v, num_splits=17)
+    assert dec.LAST_PLAN["merge"] == "fold"
+    monkeypatch.delenv("NUMBA_FLASH_DECODE_CLUSTER")
+    numba_flash.decode(q, k, v, num_splits=16)
     assert dec.LAST_PLAN["merge"] == "fold"
 
 

@@ -557,34 +557,34 @@ def _new_tail() -> bool:
     return os.environ.get("NUMBA_FLASH_DECODE_TAIL", "new") != "old"
 
 
-_CLUSTER = {"on": not SIMULATOR and os.environ.get("NUMBA_FLASH_DECODE_CLUSTER", "1") != "0",
-            "error": None}
+_CLUSTER = {"on": not SIMULATOR, "error": None}     # "on": False after a failed launch
 
 
 def _cluster_merge(device, splits: int, warps: int) -> bool:
     """Whether the tensor-core kernel merges its splits inside thread-block clusters
     (decode_mma.py, ``cluster``): a real GPU of compute capability 9.0 or later, 2 to
     CLUSTER_MAX_SPLITS splits, one warp per block, the direct launch, and
-    NUMBA_FLASH_DECODE_CLUSTER not "0" (read per call, for A/B timings in one process). Otherwise
-    the last-warp fold does."""
+    NUMBA_FLASH_DECODE_CLUSTER=1 (read per call, for A/B timings in one process). Off by
+    default: on the H100 a 16-block cluster leaves 16 of the 132 multiprocessors unused and the
+    call is slower (docs/decode.md). Otherwise the last-warp fold merges."""
     if not (_CLUSTER["on"] and _FAST["on"] and warps == 1 and 2 <= splits <= CLUSTER_MAX_SPLITS):
         return False
-    if os.environ.get("NUMBA_FLASH_DECODE_CLUSTER", "1") == "0":
+    if os.environ.get("NUMBA_FLASH_DECODE_CLUSTER", "0") != "1":
         return False
     return _pdl_device(device)       # sm_90 and later
 
 
-def _cluster_config(grid, threads, cluster_x):
+def _cluster_config(grid, threads, cluster_x, pad=0):
     """A cuda.core launch configuration for ``grid`` blocks in clusters of ``cluster_x`` blocks
     along x. cuda.core counts ``grid`` in clusters when a cluster is given (since the fix of
     NVIDIA/cuda-python#867; its LaunchConfig docstring says so), in blocks before."""
-    key = (grid, threads, cluster_x)
+    key = (grid, threads, cluster_x, pad)
     cfg = _CLUSTER_CONFIGS.get(key)
     if cfg is None:
         in_clusters = "number of clusters" in (launch._CoreLaunchConfig.__doc__ or "")
         g = (grid[0] // cluster_x, grid[1], grid[2]) if in_clusters else grid
         cfg = _CLUSTER_CONFIGS[key] = launch._CoreLaunchConfig(grid=g, cluster=(cluster_x, 1, 1),
-                                                               block=threads)
+                                                               block=threads, shmem_size=pad)
     return cfg
 
 
@@ -697,12 +697,13 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
     dev = current if device is None else device
     ctx = cuda.gpus[dev] if dev != current else launch._nullcontext()
     pdl = bool(config[14]) and _pdl_wanted()
-    pkey = (config, tuple(metas), ints, floats, ints2, grid, threads, dev, pdl)
+    pad = _smem_pad()
+    pkey = (config, tuple(metas), ints, floats, ints2, grid, threads, dev, pdl, pad)
     plan = _DECODE_PLANS.get(pkey)
     if plan is None:
         with ctx:
             plan = _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid,
-                                threads, pdl)
+                                threads, pdl, pad)
         if len(_DECODE_PLANS) >= _DECODE_PLANS_MAX:
             _DECODE_PLANS.clear()
         _DECODE_PLANS[pkey] = plan
@@ -718,7 +719,14 @@ _DECODE_PLANS: dict = {}
 _DECODE_PLANS_MAX = 256
 
 
-def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threads, pdl):
+def _smem_pad() -> int:
+    """NUMBA_FLASH_DECODE_SMEM_PAD: bytes of unused dynamic shared memory per block (tuning:
+    caps the blocks a multiprocessor takes). 0 by default."""
+    return int(os.environ.get("NUMBA_FLASH_DECODE_SMEM_PAD", "0") or 0)
+
+
+def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threads, pdl,
+                 pad=0):
     """(cuda.core kernel, launch config, parameter block, index of each caller array's data
     pointer in it, the Numba arrays the block points to) for one configuration."""
     import ctypes
@@ -741,16 +749,21 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
         cufunc = kobj._codelibrary.get_cufunc()
         if config[19]:          # cluster merge
             _allow_large_clusters(cufunc, dev)
+        if pad:
+            from cuda.bindings import driver as cu
+
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            cu.cuKernelSetAttribute(attr, pad, cufunc.handle, cu.CUdevice(dev))
         core_kernel = _FAST_LAUNCHERS[key] = cufunc.kernel
     params.extend(ctypes.c_int64(v) for v in ints)
     params.extend(ctypes.c_float(v) for v in floats)
     params.extend(ctypes.c_int64(v) for v in ints2)
     if config[19]:
-        cfg = _cluster_config(grid, threads, grid[0])
+        cfg = _cluster_config(grid, threads, grid[0], pad)
     elif pdl:
-        cfg = _pdl_config(grid, threads)
+        cfg = _pdl_config(grid, threads, pad)
     else:
-        cfg = launch._launch_config(grid, threads)
+        cfg = launch._launch_config(grid, threads, pad)
     numba_arrays = tuple(x for x in all_arrays if _is_numba_array(x))
     return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays
 
@@ -758,16 +771,16 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
 _PDL_CONFIGS: dict = {}
 
 
-def _pdl_config(grid, threads):
+def _pdl_config(grid, threads, pad=0):
     """A cuda.core launch configuration with programmatic stream serialization."""
-    cfg = _PDL_CONFIGS.get((grid, threads))
+    cfg = _PDL_CONFIGS.get((grid, threads, pad))
     if cfg is None:
         try:
-            cfg = launch._CoreLaunchConfig(grid=grid, block=threads,
+            cfg = launch._CoreLaunchConfig(grid=grid, block=threads, shmem_size=pad,
                                            programmatic_stream_serialization=True)
         except TypeError:      # a cuda.core without the option: plain launches
-            cfg = launch._launch_config(grid, threads)
-        _PDL_CONFIGS[(grid, threads)] = cfg
+            cfg = launch._launch_config(grid, threads, pad)
+        _PDL_CONFIGS[(grid, threads, pad)] = cfg
     return cfg
 
 
