@@ -6,7 +6,7 @@ interleaved with the others (drift shows in the pair), as bench_decode times (ba
 behind a spin kernel, CUDA events).
 
     python scripts/decode_launch_ab.py [--shapes 3,0] [--layouts none,16,64] [--out ab.json]
-        [--variants "base:;pdl:PDL=1;pdl_pad:PDL=1,SMEM_PAD=16384"]
+        [--variants "base:;pdl:PDL=1;pdl_pad:PDL=1,SMEM_PAD=16384;s12:SPLITS=12"]
 """
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from bench_decode import SHAPES, copy_bandwidth_gbs, gpu_time_ms, make_inputs  #
 
 import numba_flash  # noqa: E402
 
-DEFAULT_VARIANTS = ("base:;pad:SMEM_PAD=16384;pdl:PDL=1;pdl_pad:PDL=1,SMEM_PAD=16384;"
-                    "pdl2_pad:PDL=2,SMEM_PAD=16384;cluster:CLUSTER=1")
+DEFAULT_VARIANTS = "base:;cap:SMEM_PAD=auto;pdl_cap:PDL=1,SMEM_PAD=auto;pdl2_cap:PDL=2,SMEM_PAD=auto"
 KNOBS = ("PDL", "SMEM_PAD", "CLUSTER")
 
 
@@ -38,11 +37,15 @@ def parse_variants(text):
 
 
 def set_env(env):
+    """Set the variant's NUMBA_FLASH_DECODE_* knobs (the others unset); returns its num_splits
+    ("auto" unless the variant names SPLITS=n)."""
     for knob in KNOBS:
         os.environ.pop(f"NUMBA_FLASH_DECODE_{knob}", None)
     os.environ["NUMBA_FLASH_DECODE_CLUSTER"] = "0"
     for knob, value in env.items():
-        os.environ[f"NUMBA_FLASH_DECODE_{knob}"] = value
+        if knob != "SPLITS":
+            os.environ[f"NUMBA_FLASH_DECODE_{knob}"] = value
+    return int(env["SPLITS"]) if "SPLITS" in env else "auto"
 
 
 def main():
@@ -66,31 +69,35 @@ def main():
             page = None if lay == "none" else int(lay)
             q, k, v, lens, table = make_inputs(b, hq, hkv, L, d, args.dtype, page)
             kv_bytes = 2 * b * L * hkv * d * q.element_size()
-            fn = lambda: numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table)
+            splits = ["auto"]
+            fn = lambda: numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                            num_splits=splits[0])
             ref = None
             times = {name: [] for name, _ in variants}
             plans = {}
             for _ in range(2):
                 for name, env in variants:
-                    set_env(env)
+                    splits[0] = set_env(env)
                     out = fn()
                     if ref is None:
                         ref = out.float()
                     err = (out.float() - ref).abs().max().item()
                     assert err < 2e-3, (name, err)
                     times[name].append(gpu_time_ms(fn) * 1e3)
-                    plans[name] = (LAST_PLAN.get("splits"), LAST_PLAN.get("merge"))
+                    plans[name] = (LAST_PLAN.get("splits"), LAST_PLAN.get("merge"),
+                                   LAST_PLAN.get("smem_pad"))
             row = dict(shape=(b, hq, hkv, L, d), layout=lay, dtype=args.dtype)
             parts = []
             for name, _ in variants:
                 us = statistics.median(times[name])
                 pct = 100 * kv_bytes / (us * 1e-6) / 1e9 / copy_bw
                 row[name] = dict(us=times[name], pct_copy=pct, splits=plans[name][0],
-                                 merge=plans[name][1])
+                                 merge=plans[name][1], smem_pad=plans[name][2])
                 parts.append(f"{name} {us:.2f}us {pct:.1f}%")
             rows.append(row)
-            print(f"{str((b, hq, hkv, L)):22s} {lay:>5s} splits {plans[variants[0][0]][0]:>3}: "
-                  + " | ".join(parts), flush=True)
+            pads = sorted({p[2] for p in plans.values() if p[2]})
+            print(f"{str((b, hq, hkv, L)):22s} {lay:>5s} splits {plans[variants[0][0]][0]:>3} "
+                  f"pad {pads}: " + " | ".join(parts), flush=True)
             del q, k, v, lens, table
             torch.cuda.empty_cache()
     set_env({})

@@ -707,7 +707,7 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
         if len(_DECODE_PLANS) >= _DECODE_PLANS_MAX:
             _DECODE_PLANS.clear()
         _DECODE_PLANS[pkey] = plan
-    core_kernel, cfg, head, slots, _ = plan
+    core_kernel, cfg, head, slots, _, LAST_PLAN["smem_pad"] = plan
     params = list(head)
     for slot, ptr in zip(slots, ptrs):
         params[slot] = ptr
@@ -716,19 +716,39 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
 
 
 _DECODE_PLANS: dict = {}
+_KERNEL_HANDLES: dict = {}
 _DECODE_PLANS_MAX = 256
 
 
 def _smem_pad() -> int:
-    """NUMBA_FLASH_DECODE_SMEM_PAD: bytes of unused dynamic shared memory per block (tuning:
-    caps the blocks a multiprocessor takes). 0 by default."""
-    return int(os.environ.get("NUMBA_FLASH_DECODE_SMEM_PAD", "0") or 0)
+    """NUMBA_FLASH_DECODE_SMEM_PAD: bytes of unused dynamic shared memory per block, which
+    cap the blocks a multiprocessor takes; "auto" (-1 here): the pad that caps them at the
+    grid's own blocks per multiprocessor, ``ceil(blocks / SMs)`` (``_cap_pad``). 0 by
+    default."""
+    text = os.environ.get("NUMBA_FLASH_DECODE_SMEM_PAD", "0") or "0"
+    return -1 if text == "auto" else int(text)
+
+
+def _cap_pad(core_kernel, threads: int, blocks: int, sm_count: int) -> int:
+    """The least dynamic shared memory (a multiple of 1 KB) with which a multiprocessor holds
+    at most ``ceil(blocks / sm_count)`` blocks of ``core_kernel`` (cuda.core's occupancy
+    query); 0 when its occupancy is already that low, or when no pad gives exactly that cap."""
+    occupancy = core_kernel.occupancy.max_active_blocks_per_multiprocessor
+    cap = -(-blocks // sm_count)
+    if occupancy(threads, 0) <= cap:
+        return 0
+    for pad in range(1024, 227 * 1024, 1024):
+        n = occupancy(threads, pad)
+        if n <= cap:
+            return pad if n == cap else 0
+    return 0
 
 
 def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threads, pdl,
                  pad=0):
     """(cuda.core kernel, launch config, parameter block, index of each caller array's data
-    pointer in it, the Numba arrays the block points to) for one configuration."""
+    pointer in it, the Numba arrays the block points to, the dynamic shared-memory pad) for one
+    configuration."""
     import ctypes
 
     params, layouts, slots = [], [], []
@@ -749,12 +769,15 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
         cufunc = kobj._codelibrary.get_cufunc()
         if config[19]:          # cluster merge
             _allow_large_clusters(cufunc, dev)
-        if pad:
-            from cuda.bindings import driver as cu
-
-            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            cu.cuKernelSetAttribute(attr, pad, cufunc.handle, cu.CUdevice(dev))
         core_kernel = _FAST_LAUNCHERS[key] = cufunc.kernel
+        _KERNEL_HANDLES[key] = cufunc.handle
+    if pad < 0:
+        pad = _cap_pad(core_kernel, threads, grid[0] * grid[1] * grid[2], _sm_count(dev))
+    if pad:
+        from cuda.bindings import driver as cu
+
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        cu.cuKernelSetAttribute(attr, pad, _KERNEL_HANDLES[key], cu.CUdevice(dev))
     params.extend(ctypes.c_int64(v) for v in ints)
     params.extend(ctypes.c_float(v) for v in floats)
     params.extend(ctypes.c_int64(v) for v in ints2)
@@ -765,7 +788,7 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
     else:
         cfg = launch._launch_config(grid, threads, pad)
     numba_arrays = tuple(x for x in all_arrays if _is_numba_array(x))
-    return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays
+    return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays, pad
 
 
 _PDL_CONFIGS: dict = {}
