@@ -127,6 +127,10 @@ CASES = [
     ("float16", 1, 4, 2, 2, 32, 20, [19], None, {"causal": False, "window": (5, 1)}),
     # 32-row pages, wider than a tile; the window starts tiles mid-page (fast copies at offsets)
     ("float16", 2, 1, 4, 2, 64, 96, [96, 70], 32, {"window": (37, -1), "num_splits": 2}),
+    # more than 32 pages per split: the block-table entries held in registers are reloaded
+    ("float16", 1, 1, 2, 1, 32, 400, [390], 8, {"num_splits": 1}),
+    ("bfloat16", 1, 2, 2, 1, 32, 600, [577], 8, {"window": (300, -1), "sinks": 3,
+                                                 "num_splits": 1}),
 ]
 
 
@@ -617,3 +621,35 @@ def test_cache_seqlens_none_is_the_full_cache(monkeypatch, kernel, page, splits)
     ref = reference(q[:1].astype(np.float64), gather_cache(k, 0, capacity, table)[None].astype(
         np.float64), gather_cache(v, 0, capacity, table)[None].astype(np.float64), causal=True)
     assert np.abs(_host(out_none)[:1].astype(np.float64) - ref[:1]).max() < 2e-3
+
+
+class _FakeOccupancy:
+    """An H100-like occupancy answer for the decode kernel: 228 KB of shared memory per
+    multiprocessor, 1 KB reserved per block, 32 KB of static rings, at most 8 blocks
+    (registers)."""
+
+    def max_active_blocks_per_multiprocessor(self, threads, dynamic_smem):
+        return min(8, 233472 // (32768 + 1024 + dynamic_smem))
+
+
+class _FakeKernel:
+    occupancy = _FakeOccupancy()
+
+
+def test_launch_policy():
+    """Programmatic dependent launch and the shared-memory pad by grid size (docs/decode.md,
+    "Launch policy"), on an H100-like occupancy: 6 blocks per multiprocessor unpadded."""
+    from numba_flash.cuda.decode import _launch_policy
+
+    k = _FakeKernel()
+    assert _launch_policy(k, 32, 384, 132) == (True, 0)       # the next grid fits beside it
+    assert _launch_policy(k, 32, 396, 132) == (True, 0)
+    pdl, pad = _launch_policy(k, 32, 512, 132)                # cap at 4 blocks per SM
+    assert pdl and k.occupancy.max_active_blocks_per_multiprocessor(32, pad) == 4
+    assert k.occupancy.max_active_blocks_per_multiprocessor(32, pad - 1024) == 5
+    assert pad == 13312                                       # what the H100 query gave
+    pdl, pad = _launch_policy(k, 32, 660, 132)                # cap at 5
+    assert pdl and k.occupancy.max_active_blocks_per_multiprocessor(32, pad) == 5
+    assert _launch_policy(k, 32, 792, 132) == (True, 0)       # 6 = the unpadded occupancy
+    assert _launch_policy(k, 32, 793, 132) == (False, 0)      # two waves: no PDL
+    assert _launch_policy(object(), 32, 512, 132) == (False, 0)   # no occupancy query

@@ -493,13 +493,43 @@ def mma_tile(head_dim: int, paged: bool = False, pow2_pages: bool = True
     return MMA_TILE
 
 
-def _pdl_wanted() -> bool:
+def _pdl_wanted():
     """Programmatic dependent launch of the tensor-core kernel (compute capability 9.0 and
-    later, direct launch only) when NUMBA_FLASH_DECODE_PDL=1. Off by default: on the H100 it
-    cost up to 17 points of bandwidth where the grid leaves room on the multiprocessors (the
-    next grid's blocks settle there early and unevenly; docs/decode.md). The kernel waits on
-    griddepcontrol on every sm_90+ device either way: the variable only changes the launch."""
-    return os.environ.get("NUMBA_FLASH_DECODE_PDL", "0") in ("1", "2")
+    later, direct launch only): NUMBA_FLASH_DECODE_PDL=1 or 2 forces it (with the pad of
+    NUMBA_FLASH_DECODE_SMEM_PAD), 0 turns it off; unset ("auto", returned as the string) the
+    plan decides by ``_launch_policy``. The kernel waits on griddepcontrol on every sm_90+
+    device either way: the variable only changes the launch."""
+    mode = os.environ.get("NUMBA_FLASH_DECODE_PDL", "auto")
+    if mode == "auto":
+        return "auto"
+    return mode in ("1", "2")
+
+
+def _launch_policy(core_kernel, threads: int, blocks: int, sm_count: int):
+    """(pdl, pad) of the automatic launch (H100 A/B, docs/decode.md "Launch policy").
+
+    Programmatic dependent launch lets the next call's blocks be placed while this call runs;
+    they then wait in ``griddepcontrol.wait``. That saves the gap between back-to-back calls
+    when the placement stays even, and costs up to 17 points of bandwidth when it does not (the
+    blocks pile onto the multiprocessors with room). So:
+
+    * a grid of more than one wave: no PDL;
+    * a grid whose next copy fits in the room this one leaves (2 x blocks within the device's
+      blocks at once): PDL, the next grid lands evenly at once;
+    * otherwise PDL with a multiprocessor capped at this grid's own ``ceil(blocks / SMs)``
+      blocks (by the occupancy itself, or by a shared-memory pad), so the next grid's blocks
+      only take the places of finished ones; without such a cap, no PDL.
+    """
+    try:
+        per_sm = core_kernel.occupancy.max_active_blocks_per_multiprocessor(threads, 0)
+    except Exception:  # noqa: BLE001 - no occupancy query: plain launches
+        return False, 0
+    if blocks > per_sm * sm_count:
+        return False, 0
+    if 2 * blocks <= per_sm * sm_count or per_sm == -(-blocks // sm_count):
+        return True, 0
+    pad = _cap_pad(core_kernel, threads, blocks, sm_count)
+    return (True, pad) if pad else (False, 0)
 
 
 def _pdl_late() -> bool:
@@ -696,7 +726,7 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
     current = current_device_id()
     dev = current if device is None else device
     ctx = cuda.gpus[dev] if dev != current else launch._nullcontext()
-    pdl = bool(config[14]) and _pdl_wanted()
+    pdl = _pdl_wanted() if config[14] else False
     pad = _smem_pad()
     pkey = (config, tuple(metas), ints, floats, ints2, grid, threads, dev, pdl, pad)
     plan = _DECODE_PLANS.get(pkey)
@@ -707,7 +737,7 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
         if len(_DECODE_PLANS) >= _DECODE_PLANS_MAX:
             _DECODE_PLANS.clear()
         _DECODE_PLANS[pkey] = plan
-    core_kernel, cfg, head, slots, _, LAST_PLAN["smem_pad"] = plan
+    core_kernel, cfg, head, slots, _, (LAST_PLAN["smem_pad"], LAST_PLAN["pdl"]) = plan
     params = list(head)
     for slot, ptr in zip(slots, ptrs):
         params[slot] = ptr
@@ -737,7 +767,9 @@ def _cap_pad(core_kernel, threads: int, blocks: int, sm_count: int) -> int:
     cap = -(-blocks // sm_count)
     if occupancy(threads, 0) <= cap:
         return 0
-    for pad in range(1024, 227 * 1024, 1024):
+    # Only pads within the default dynamic limit (48 KB of shared memory per block in all):
+    # beyond it the query answers 0 until the kernel's limit is raised.
+    for pad in range(1024, 48 * 1024, 1024):
         n = occupancy(threads, pad)
         if n <= cap:
             return pad if n == cap else 0
@@ -747,8 +779,9 @@ def _cap_pad(core_kernel, threads: int, blocks: int, sm_count: int) -> int:
 def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threads, pdl,
                  pad=0):
     """(cuda.core kernel, launch config, parameter block, index of each caller array's data
-    pointer in it, the Numba arrays the block points to, the dynamic shared-memory pad) for one
-    configuration."""
+    pointer in it, the Numba arrays the block points to, (dynamic shared-memory pad, whether
+    the launch is programmatic-dependent)) for one configuration. ``pdl``: True, False or
+    "auto" (``_launch_policy``); ``pad``: bytes, or -1 for ``_cap_pad``."""
     import ctypes
 
     params, layouts, slots = [], [], []
@@ -771,8 +804,11 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
             _allow_large_clusters(cufunc, dev)
         core_kernel = _FAST_LAUNCHERS[key] = cufunc.kernel
         _KERNEL_HANDLES[key] = cufunc.handle
-    if pad < 0:
-        pad = _cap_pad(core_kernel, threads, grid[0] * grid[1] * grid[2], _sm_count(dev))
+    blocks = grid[0] * grid[1] * grid[2]
+    if pdl == "auto":
+        pdl, pad = _launch_policy(core_kernel, threads, blocks, _sm_count(dev))
+    elif pad < 0:
+        pad = _cap_pad(core_kernel, threads, blocks, _sm_count(dev))
     if pad:
         from cuda.bindings import driver as cu
 
@@ -788,7 +824,7 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
     else:
         cfg = launch._launch_config(grid, threads, pad)
     numba_arrays = tuple(x for x in all_arrays if _is_numba_array(x))
-    return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays, pad
+    return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays, (pad, pdl)
 
 
 _PDL_CONFIGS: dict = {}

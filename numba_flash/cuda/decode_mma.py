@@ -33,7 +33,7 @@ from .decodesync import arrive_acq_rel, bcast0, ld2, st2
 from .jitcache import jit_kernel
 from .warp import (SIMULATOR, cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1,
                    cp_async_wait_2, cp_async_wait_3, cp_async_wait_all, exp2, ldmatrix_x4,
-                   ldmatrix_x4_trans, mma16, pack16, shfl_xor, syncwarp)
+                   ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, syncwarp)
 
 if SIMULATOR:
     def grid_dependency_wait():
@@ -300,6 +300,13 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
             ksp = np.int64(k.strides[0] // 4)
             vsp = np.int64(v.strides[0] // 4)
             n_pages = k.shape[0]
+            # Paged: 32 consecutive block-table entries of the split live in the warp's
+            # registers (lane i holds entry bt_base + i) and a tile's pages come by shuffle, so
+            # a tile's copies wait for no dependent global load; one coalesced reload per 32
+            # pages.
+            bt_base = np.int64(-(1 << 40))
+            bt_reg = np.int32(0)
+            bt_cols = block_table.shape[1]
 
         m0 = np.float32(NEG_INF)
         m1 = np.float32(NEG_INF)
@@ -325,8 +332,14 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                             fast_tile = fast_tile and (kstart & (PAGE - 1)) == 0   # whole pages
             if fast_tile:
                 if paged:
+                    p0 = kstart >> PSHIFT
+                    if p0 < bt_base or p0 + NPG > bt_base + 32:      # warp-uniform
+                        bt_base = p0
+                        bt_reg = np.int32(0)
+                        if p0 + lane < bt_cols:
+                            bt_reg = block_table[b, p0 + lane]
                     for pi in range(NPG):
-                        page = block_table[b, (kstart >> PSHIFT) + pi]
+                        page = shfl_idx(bt_reg, p0 - bt_base + pi)
                         if page < 0 or page >= n_pages:
                             page = 0          # memory safety only (see check_indices)
                         kb = page * ksp + kl

@@ -35,7 +35,7 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 __all__ = ["SIMULATOR", "mma_f16", "mma_bf16", "pack_f16", "pack_bf16", "exp2", "shfl_xor",
            "mma16", "pack16", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async16", "cp_async16_at", "cp_async_commit", "cp_async_wait_all",
-           "ballot", "lowest_bit"]
+           "ballot", "lowest_bit", "shfl_idx"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -436,3 +436,18 @@ else:
         """Index (0-based) of the lowest set bit of a non-zero 32-bit value ``x`` (int64)."""
         x = int(x)
         return np.int64((x & -x).bit_length() - 1)
+
+
+# Indexed shuffle: the paged decode kernel keeps 32 block-table entries in a warp's registers.
+if not SIMULATOR:
+    @cuda.jit(device=True, inline=True)
+    def shfl_idx(value, src_lane):
+        """``value`` of lane ``src_lane`` (0..31) of the same, fully active warp."""
+        return cuda.shfl_sync(0xFFFFFFFF, value, src_lane)
+else:
+    def _idx_combine(slots):
+        return [slots[int(src)][0] for _, src in slots]
+
+    def shfl_idx(value, src_lane):
+        """``value`` of lane ``src_lane`` (0..31) of the same, fully active warp."""
+        return _collective((value, src_lane), _idx_combine)
