@@ -285,6 +285,13 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
             n_tiles = (v_end - v_start + BN - 1) // BN
         tree_start = n - tree_len
 
+        # Paged fast copies: 32 consecutive block-table entries of the split live in the warp's
+        # registers (lane i holds entry bt_base + i) and a tile's pages come by shuffle, so a
+        # tile's copies wait for no dependent global load; one coalesced reload per 32 pages.
+        # (Defined in every variant: the typing of the loop needs them.)
+        bt_base = np.int64(-(1 << 40))
+        bt_reg = np.int32(0)
+        bt_cols = block_table.shape[1]
         if FAST:
             # Element offsets of this lane's first row and column in K and V (the tile's
             # key row and page are added per tile, the row step per copy).
@@ -300,13 +307,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
             ksp = np.int64(k.strides[0] // 4)
             vsp = np.int64(v.strides[0] // 4)
             n_pages = k.shape[0]
-            # Paged: 32 consecutive block-table entries of the split live in the warp's
-            # registers (lane i holds entry bt_base + i) and a tile's pages come by shuffle, so
-            # a tile's copies wait for no dependent global load; one coalesced reload per 32
-            # pages.
-            bt_base = np.int64(-(1 << 40))
-            bt_reg = np.int32(0)
-            bt_cols = block_table.shape[1]
 
         m0 = np.float32(NEG_INF)
         m1 = np.float32(NEG_INF)
