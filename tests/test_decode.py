@@ -546,12 +546,12 @@ def test_gpu_pdl_same_bits(monkeypatch, splits):
     v = cp.asarray(rng.standard_normal((1, 8192, 32, 128)).astype(np.float16))
     lens = cp.asarray(np.array([8000], np.int32))
     runs = {}
-    for pdl in ("0", "1"):
+    for pdl in ("0", "1", "2", "auto"):
         monkeypatch.setenv("NUMBA_FLASH_DECODE_PDL", pdl)
         runs[pdl] = [numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=splits,
                                         return_lse=True) for _ in range(20)]
     ref = runs["0"][0]
-    for out, lse in runs["0"] + runs["1"]:
+    for out, lse in runs["0"] + runs["1"] + runs["2"] + runs["auto"]:
         assert cp.array_equal(out, ref[0]) and cp.array_equal(lse, ref[1])
 
 
@@ -642,14 +642,14 @@ def test_launch_policy():
     from numba_flash.cuda.decode import _launch_policy
 
     k = _FakeKernel()
-    assert _launch_policy(k, 32, 384, 132) == (True, 0)       # the next grid fits beside it
-    assert _launch_policy(k, 32, 396, 132) == (True, 0)
-    pdl, pad = _launch_policy(k, 32, 512, 132)                # cap at 4 blocks per SM
-    assert pdl and k.occupancy.max_active_blocks_per_multiprocessor(32, pad) == 4
+    assert _launch_policy(k, 32, 384, 132) == (True, 0, False)    # the next grid fits beside
+    assert _launch_policy(k, 32, 396, 132) == (True, 0, False)
+    pdl, pad, late = _launch_policy(k, 32, 512, 132)              # cap at 4 blocks per SM
+    assert pdl and late and k.occupancy.max_active_blocks_per_multiprocessor(32, pad) == 4
     assert k.occupancy.max_active_blocks_per_multiprocessor(32, pad - 1024) == 5
     assert pad == 13312                                       # what the H100 query gave
-    pdl, pad = _launch_policy(k, 32, 660, 132)                # cap at 5
-    assert pdl and k.occupancy.max_active_blocks_per_multiprocessor(32, pad) == 5
-    assert _launch_policy(k, 32, 792, 132) == (True, 0)       # 6 = the unpadded occupancy
-    assert _launch_policy(k, 32, 793, 132) == (False, 0)      # two waves: no PDL
-    assert _launch_policy(object(), 32, 512, 132) == (False, 0)   # no occupancy query
+    pdl, pad, late = _launch_policy(k, 32, 660, 132)              # cap at 5
+    assert pdl and late and k.occupancy.max_active_blocks_per_multiprocessor(32, pad) == 5
+    assert _launch_policy(k, 32, 792, 132) == (True, 0, True)     # 6 = the unpadded occupancy
+    assert _launch_policy(k, 32, 793, 132) == (False, 0, False)   # two waves: no PDL
+    assert _launch_policy(object(), 32, 512, 132) == (False, 0, False)   # no occupancy query

@@ -506,7 +506,7 @@ def _pdl_wanted():
 
 
 def _launch_policy(core_kernel, threads: int, blocks: int, sm_count: int):
-    """(pdl, pad) of the automatic launch (H100 A/B, docs/decode.md "Launch policy").
+    """(pdl, pad, late) of the automatic launch (H100 A/B, docs/decode.md "Launch policy").
 
     Programmatic dependent launch lets the next call's blocks be placed while this call runs;
     they then wait in ``griddepcontrol.wait``. That saves the gap between back-to-back calls
@@ -518,18 +518,23 @@ def _launch_policy(core_kernel, threads: int, blocks: int, sm_count: int):
       blocks at once): PDL, the next grid lands evenly at once;
     * otherwise PDL with a multiprocessor capped at this grid's own ``ceil(blocks / SMs)``
       blocks (by the occupancy itself, or by a shared-memory pad), so the next grid's blocks
-      only take the places of finished ones; without such a cap, no PDL.
+      only take the places of finished ones; without such a cap, no PDL. Here ``late``: the
+      kernel signals ``launch_dependents`` after its key loop (the next grid is placed during
+      this one's merge), which the A/B measured as good or better than the early signal for
+      capped grids, and worse for the grids of the previous case.
     """
     try:
         per_sm = core_kernel.occupancy.max_active_blocks_per_multiprocessor(threads, 0)
     except Exception:  # noqa: BLE001 - no occupancy query: plain launches
-        return False, 0
+        return False, 0, False
     if blocks > per_sm * sm_count:
-        return False, 0
-    if 2 * blocks <= per_sm * sm_count or per_sm == -(-blocks // sm_count):
-        return True, 0
+        return False, 0, False
+    if 2 * blocks <= per_sm * sm_count:
+        return True, 0, False
+    if per_sm == -(-blocks // sm_count):
+        return True, 0, True
     pad = _cap_pad(core_kernel, threads, blocks, sm_count)
-    return (True, pad) if pad else (False, 0)
+    return (True, pad, True) if pad else (False, 0, False)
 
 
 def _pdl_late() -> bool:
@@ -792,21 +797,15 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
             slots.append(len(params) + 4)          # the data pointer of a flattened array
         params.extend(flat)
     key = (config, tuple(layouts), dev)
-    core_kernel = _FAST_LAUNCHERS.get(key)
-    if core_kernel is None:
-        elems = _elem_types()
-        arg_types = [types.Array(e, nd, lay) for e, (lay, nd) in zip(elems, layouts)]
-        sig = types.void(*arg_types, types.int64, types.int64, types.int64, types.float32,
-                         types.float32, types.float32, *([types.int64] * 6))
-        kobj = mma_decode_kernel(*config).compile(sig)
-        cufunc = kobj._codelibrary.get_cufunc()
-        if config[19]:          # cluster merge
-            _allow_large_clusters(cufunc, dev)
-        core_kernel = _FAST_LAUNCHERS[key] = cufunc.kernel
-        _KERNEL_HANDLES[key] = cufunc.handle
+    core_kernel = _compiled(key)
     blocks = grid[0] * grid[1] * grid[2]
     if pdl == "auto":
-        pdl, pad = _launch_policy(core_kernel, threads, blocks, _sm_count(dev))
+        pdl, pad, late = _launch_policy(core_kernel, threads, blocks, _sm_count(dev))
+        if late and config[14] and not config[16]:
+            # the kernel variant that signals launch_dependents after its key loop
+            key = (config[:16] + (True,) + config[17:], tuple(layouts), dev)
+            core_kernel = _compiled(key)
+            pdl = "late"
     elif pad < 0:
         pad = _cap_pad(core_kernel, threads, blocks, _sm_count(dev))
     if pad:
@@ -825,6 +824,25 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
         cfg = launch._launch_config(grid, threads, pad)
     numba_arrays = tuple(x for x in all_arrays if _is_numba_array(x))
     return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays, (pad, pdl)
+
+
+def _compiled(key):
+    """The cuda.core kernel of ``key`` = (configuration, array layouts, device), compiled (or
+    loaded from Numba's disk cache) once."""
+    core_kernel = _FAST_LAUNCHERS.get(key)
+    if core_kernel is None:
+        config, layouts, dev = key
+        elems = _elem_types()
+        arg_types = [types.Array(e, nd, lay) for e, (lay, nd) in zip(elems, layouts)]
+        sig = types.void(*arg_types, types.int64, types.int64, types.int64, types.float32,
+                         types.float32, types.float32, *([types.int64] * 6))
+        kobj = mma_decode_kernel(*config).compile(sig)
+        cufunc = kobj._codelibrary.get_cufunc()
+        if config[19]:          # cluster merge
+            _allow_large_clusters(cufunc, dev)
+        core_kernel = _FAST_LAUNCHERS[key] = cufunc.kernel
+        _KERNEL_HANDLES[key] = cufunc.handle
+    return core_kernel
 
 
 _PDL_CONFIGS: dict = {}
