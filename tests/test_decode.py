@@ -653,3 +653,21 @@ def test_launch_policy():
     assert _launch_policy(k, 32, 792, 132) == (True, 0, True)     # 6 = the unpadded occupancy
     assert _launch_policy(k, 32, 793, 132) == (False, 0, False)   # two waves: no PDL
     assert _launch_policy(object(), 32, 512, 132) == (False, 0, False)   # no occupancy query
+
+
+@gpu
+def test_gpu_plans_with_different_pads_share_a_kernel(monkeypatch):
+    """Grids of one kernel that get different shared-memory pads (16 and 20 splits: 4 and 5
+    blocks per multiprocessor on an H100), called alternately, all launch directly and agree
+    with the reference; PDL forced on so the pads apply on any device."""
+    from numba_flash.cuda import decode as dec
+
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_SMEM_PAD", "auto")
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_PDL", "1")
+    rng = np.random.default_rng(37)
+    pads = set()
+    for splits in (16, 20, 16, 20, 1, 16):
+        check_decode(rng, "float16", 1, 1, 32, 32, 128, 2048, [2048], num_splits=splits)
+        assert dec._FAST["on"], dec._FAST["error"]
+        pads.add(dec.LAST_PLAN["smem_pad"])
+    assert len(pads) >= 2 or dec._sm_count(None) < 100, pads

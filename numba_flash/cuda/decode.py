@@ -752,6 +752,7 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
 
 _DECODE_PLANS: dict = {}
 _KERNEL_HANDLES: dict = {}
+_KERNEL_PADS: dict = {}       # the dynamic shared-memory limit set on each kernel (bytes)
 _DECODE_PLANS_MAX = 256
 
 
@@ -808,11 +809,17 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
             pdl = "late"
     elif pad < 0:
         pad = _cap_pad(core_kernel, threads, blocks, _sm_count(dev))
-    if pad:
+    if pad > _KERNEL_PADS.get(key, 0):
+        # The limit is the kernel's, shared by all its plans: only ever raised (a plan with a
+        # smaller pad lowering it made the launches of a larger-pad plan fail).
         from cuda.bindings import driver as cu
 
         attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        cu.cuKernelSetAttribute(attr, pad, _KERNEL_HANDLES[key], cu.CUdevice(dev))
+        err, = cu.cuKernelSetAttribute(attr, pad, _KERNEL_HANDLES[key], cu.CUdevice(dev))
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {pad}) "
+                               f"failed: {err}")
+        _KERNEL_PADS[key] = pad
     params.extend(ctypes.c_int64(v) for v in ints)
     params.extend(ctypes.c_float(v) for v in floats)
     params.extend(ctypes.c_int64(v) for v in ints2)
