@@ -1,6 +1,6 @@
 """Where the time of a short decode call goes: the (1, 32, 32, 8192, 128) shape (44 us of
-K/V at 3 TB/s), ours (folded merge, and with the merge as a separate kernel) and SDPA's flash
-and cuDNN kernels, a few calls each.
+K/V at 3 TB/s), ours (folded merge: default launch, without PDL, on 16- and 64-row pages; and
+with the merge as a separate kernel) and SDPA's flash and cuDNN kernels, a few calls each.
 
     python scripts/decode_short_probe.py            # per-call GPU time back to back (queue full)
     ncu --clock-control none --metrics gpu__time_duration.sum --csv \
@@ -47,7 +47,25 @@ def main():
                 return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
         return run
 
-    variants = [("ours", ours), ("ours_nofold", ours_nofold),
+    paged = {}
+    for page in (16, 64):
+        paged[page] = make_inputs(b, hq, hkv, L, d, "float16", page)
+
+    def ours_paged(page):
+        def run():
+            qp, kp, vp, lp, tp = paged[page]
+            return numba_flash.decode(qp, kp, vp, cache_seqlens=lp, block_table=tp)
+        return run
+
+    def ours_pdl0():
+        os.environ["NUMBA_FLASH_DECODE_PDL"] = "0"
+        try:
+            return numba_flash.decode(q, k, v, cache_seqlens=lens)
+        finally:
+            os.environ.pop("NUMBA_FLASH_DECODE_PDL")
+
+    variants = [("ours", ours), ("ours_pdl0", ours_pdl0), ("ours_paged16", ours_paged(16)),
+                ("ours_paged64", ours_paged(64)), ("ours_nofold", ours_nofold),
                 ("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                 ("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
     if args.calls:

@@ -101,7 +101,7 @@ fi
 if [ "${PROBE:-0}" = 1 ]; then
   echo "=== (h) short decode call: back to back, then each kernel's own duration (ncu) $(date +%T)"
   (cd scripts && timeout 60 python3 decode_short_probe.py 2>&1 | grep -v "Warn\|warn(" | tee "$OUT/probe.log")
-  (cd scripts && timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+  (cd scripts && timeout 120 ncu --clock-control none --metrics ${NCU_METRICS:-gpu__time_duration.sum} --csv \
      python3 decode_short_probe.py --calls 3 > "$OUT/probe_ncu.csv" 2> "$OUT/probe_ncu.err")
   timeout 60 python3 scripts/decode_host_profile.py > "$OUT/host_profile.log" 2>&1
   head -1 "$OUT/host_profile.log"
@@ -110,8 +110,9 @@ import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head, body = rows[0], rows[1:]
 ki, ui, vi = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+ni = head.index("Metric Name")
 for r in body:
-    print(f"{r[ki][:60]:60s} {r[vi]:>10s} {r[ui]}")
+    print(f"{r[ki][:44]:44s} {r[ni][:40]:40s} {r[vi]:>10s} {r[ui]}")
 PY
 fi
 if [ "${DECODE:-0}" = 1 ]; then
