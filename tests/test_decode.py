@@ -146,16 +146,15 @@ def test_decode_against_reference(case):
     ("fma", None, 0), ("fma", None, 1), ("fma", None, 6),
     ("mma", "16,3,1", 1), ("mma", "16,4,2", 4), ("mma", "48,2,1", 6), ("nofold", None, 5),
     ("oldtail", None, 3), ("oldtail", None, 5),
-    ("flags", None, 0), ("flags", None, 3), ("flags", None, 5), ("flags", "16,4,2", 6),
 ])
 def test_decode_kernel_variants(monkeypatch, kernel, tile, idx):
     """CUDA-core kernel, other tiles, the merge as a separate launch (no fold), the previous
-    folded-merge tail (NUMBA_FLASH_DECODE_TAIL=old) and the flag protocol (=flags)."""
+    folded-merge tail (NUMBA_FLASH_DECODE_TAIL=old)."""
     if kernel == "nofold":
         monkeypatch.setenv("NUMBA_FLASH_DECODE_FOLD", "0")
         kernel = "mma"
-    if kernel in ("oldtail", "flags"):
-        monkeypatch.setenv("NUMBA_FLASH_DECODE_TAIL", "old" if kernel == "oldtail" else "flags")
+    if kernel == "oldtail":
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_TAIL", "old")
         kernel = "mma"
     monkeypatch.setenv("NUMBA_FLASH_DECODE_KERNEL", kernel)
     if tile:
@@ -165,14 +164,11 @@ def test_decode_kernel_variants(monkeypatch, kernel, tile, idx):
                  page_size=page, **extra)
 
 
-@pytest.mark.parametrize("tail", ["new", "flags"])
 @pytest.mark.parametrize("d, hq, splits", [(32, 3, 5), (96, 1, 4)])
-def test_merge_tail_reduction_depths(monkeypatch, tail, d, hq, splits):
+def test_merge_tail_reduction_depths(d, hq, splits):
     """The folded merge's group combination: head_dim 32 with 3 rows (2 lane groups per row,
     one scatter level) and head_dim 96 with 1 row (8 groups: two scatter levels, then an
-    all-reduce level, since 96 / 8 = 12 pairs per lane split in halves only twice); both
-    arrival protocols."""
-    monkeypatch.setenv("NUMBA_FLASH_DECODE_TAIL", tail)
+    all-reduce level, since 96 / 8 = 12 pairs per lane split in halves only twice)."""
     check_decode(np.random.default_rng(d + splits), "float16", 1, 1, hq, 1, d, 60, [60],
                  num_splits=splits)
 
@@ -418,7 +414,7 @@ def test_gpu_num_splits(splits):
 
 
 @gpu
-@pytest.mark.parametrize("tail", ["old", "new", "flags"])
+@pytest.mark.parametrize("tail", ["old", "new"])
 @pytest.mark.parametrize("d, ratio, splits", [(128, 1, 16), (128, 16, 7), (128, 32, 5),
                                               (64, 2, 5), (96, 4, 12), (32, 1, 9), (96, 3, 64)])
 def test_gpu_merge_tails(monkeypatch, tail, d, ratio, splits):
@@ -675,21 +671,3 @@ def test_gpu_plans_with_different_pads_share_a_kernel(monkeypatch):
         assert dec._FAST["on"], dec._FAST["error"]
         pads.add(dec.LAST_PLAN["smem_pad"])
     assert len(pads) >= 2 or dec._sm_count(None) < 100, pads
-
-
-@gpu
-@pytest.mark.parametrize("tail", ["new", "flags"])
-def test_gpu_counters_left_at_zero(monkeypatch, tail):
-    """Both arrival protocols of the folded merge leave the stream's counter buffer (tickets and
-    flags) at zero after every call, which the next call on the stream relies on."""
-    from numba_flash.cuda import decode as dec
-
-    monkeypatch.setenv("NUMBA_FLASH_DECODE_TAIL", tail)
-    rng = np.random.default_rng(41)
-    for splits in (7, 16, 40):
-        check_decode(rng, "float16", 2, 1, 8, 4, 128, 3000, [3000, 1000], num_splits=splits)
-        cp.cuda.Device().synchronize()
-        assert dec.LAST_PLAN["merge"] == "fold"
-        for buf in list(dec._COUNTERS.values()):
-            if hasattr(buf, "copy_to_host"):
-                assert not buf.copy_to_host().any(), (tail, splits)

@@ -589,16 +589,7 @@ def _fold_merge() -> bool:
 def _new_tail() -> bool:
     """The folded merge's cheaper tail (decode_mma.py, ``new_tail``) unless
     NUMBA_FLASH_DECODE_TAIL=old (the previous tail, kept for A/B timings)."""
-    return os.environ.get("NUMBA_FLASH_DECODE_TAIL", DEFAULT_TAIL) != "old"
-
-
-def _flag_tail() -> bool:
-    """The flag protocol of the folded merge (decode_mma.py, ``flags``) when
-    NUMBA_FLASH_DECODE_TAIL=flags (or by default, per DEFAULT_TAIL)."""
-    return os.environ.get("NUMBA_FLASH_DECODE_TAIL", DEFAULT_TAIL) == "flags"
-
-
-DEFAULT_TAIL = "new"          # "old", "new" or "flags" (docs/decode.md, "Folded merge")
+    return os.environ.get("NUMBA_FLASH_DECODE_TAIL", "new") != "old"
 
 
 _CLUSTER = {"on": not SIMULATOR, "error": None}     # "on": False after a failed launch
@@ -723,8 +714,6 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
     """
     raw = launch._raw_stream_handle(stream, kind, like)
     n_units = grid[1] * grid[2]
-    if config[20]:          # flag protocol: a ticket per unit, then a flag per (unit, split)
-        n_units *= 1 + ints[2]
     counters = _counters(kind, device, n_units, raw) if config[13] else \
         _dummy(kind, device, (1,), np.int32)
     all_arrays = arrays + (counters,)
@@ -1049,8 +1038,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
                   has_tree, direct, bool(return_lse), block_n, stages, warps,
                   not direct and not cluster, _pdl_device(device), page_pow2, _pdl_late(),
-                  not direct and _new_tail(), full_lens, cluster,
-                  not direct and not cluster and _flag_tail())
+                  not direct and _new_tail(), full_lens, cluster)
         ints = (ratio, chunks, splits)
         floats = (scale * log2e, scale / cap, cap * log2e)
         ints2 = (left, right, int(sinks), tree_len, page_size, page_shift)
@@ -1109,14 +1097,12 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     with ctx:
         if use_mma:
             fold = not direct and _fold_merge()
-            flags = fold and _flag_tail()
-            n_counters = batch * heads_kv * chunks * (1 + splits if flags else 1)
-            counters = _counters(kind, device, n_counters, launch_stream) \
+            counters = _counters(kind, device, batch * heads_kv * chunks, launch_stream) \
                 if fold else _dummy(kind, device, (1,), np.int32)
             kern = mma_decode_kernel(head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                                      has_softcap, has_tree, direct, bool(return_lse), block_n,
                                      stages, warps, fold, False, page_pow2, False,
-                                     not direct and _new_tail(), full_lens, False, flags)
+                                     not direct and _new_tail(), full_lens)
             kern[(-(-splits // warps), batch, heads_kv * chunks), 32 * warps, launch_stream](
                 qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
                 counters, ratio, chunks, splits, f32(scale * log2e), f32(scale / cap),

@@ -29,8 +29,7 @@ from numba.cuda import types
 
 from .decodedev import cache_slot, split_keys
 from .cluster import cluster_sync, ld_dsmem_f1, ld_dsmem_f2, st_smem_f1, st_smem_f2
-from .decodesync import (all_lanes, arrive_acq_rel, bcast0, fence_acq_rel, ld2, load_relaxed, st2,
-                         store_release, ticket_relaxed)
+from .decodesync import arrive_acq_rel, bcast0, ld2, st2
 from .jitcache import jit_kernel
 from .warp import (SIMULATOR, cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1,
                    cp_async_wait_2, cp_async_wait_3, cp_async_wait_all, exp2, ldmatrix_x4,
@@ -92,8 +91,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                            direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
                            fold: bool = False, pdl: bool = False, page_pow2: int = 0,
                            pdl_late: bool = False, new_tail: bool = True,
-                           full_lens: bool = False, cluster: bool = False,
-                           flags: bool = False):
+                           full_lens: bool = False, cluster: bool = False):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
@@ -130,12 +128,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     a ``__threadfence`` (fence.sc) by every lane on each side, the last warp's own state taken
     from registers, and a max-then-reduce-scatter combination of the lane groups. False keeps
     the previous tail (NUMBA_FLASH_DECODE_TAIL=old, for A/B timings).
-
-    ``flags`` (with the new tail): the flag protocol of the folded merge instead of the
-    acquire-release arrival (see the comment at the arrival): relaxed tickets taken as each warp
-    starts its last tile, a release-stored flag per split in ``counters[B * gridDim.z + ...]``,
-    and the last warp polls the flags; ``counters`` then holds ``B * gridDim.z * (1 +
-    n_splits)`` int32, zero before the launch and left at zero.
 
     ``full_lens``: every sequence fills the cache (``cache_seqlens=None``): the length is the
     capacity, ``cache_seqlens`` is not read, and the first copies wait for no load.
@@ -174,7 +166,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     BF16 = bool(is_bf16)
     CLUSTER = bool(cluster) and not direct
     FOLD = bool(fold) and not direct and not CLUSTER
-    FLAGS = bool(flags) and FOLD and NEW_TAIL
     MAXS = CLUSTER_MAX_SPLITS     # cluster merge: splits read per output pair (predicated)
     HD = D // 2                   # output pairs per row
     PDL = bool(pdl)
@@ -335,14 +326,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
         l1 = np.float32(0.0)
         ring = warp * S * BN
         kstart = 0
-        # Flag protocol (``flags``): every warp takes its ticket with a relaxed atomic as it
-        # starts consuming its last tile (before the loop if it has none), so the round trip
-        # overlaps that tile's wait and math.
-        cidx0 = b * cuda.gridDim.z + cuda.blockIdx.z
-        ticket = np.int32(0)
-        if FLAGS:
-            if n_tiles == 0 and lane == 0:
-                ticket = ticket_relaxed(counters, cidx0)
 
         # Step `step` issues tile `step` and consumes tile `step - S + 1`: S - 1 tiles in flight.
         for step in range(n_tiles + S - 1):
@@ -409,9 +392,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                     cp_async16(vs, dst0 + r, dc, v, bi, row, hk, c, nbytes)
             cp_async_commit()
             if step >= S - 1:
-                if FLAGS:
-                    if step - S + 1 == n_tiles - 1 and lane == 0:
-                        ticket = ticket_relaxed(counters, cidx0)
                 if S == 2:
                     cp_async_wait_1()
                 elif S == 3:
@@ -802,36 +782,11 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
             hhb = hk * heads_ratio + gib
             syncwarp()
             cidx = b * cuda.gridDim.z + cuda.blockIdx.z
-            fbase = cuda.gridDim.y * cuda.gridDim.z + cidx * n_splits
             arrived = np.int32(0)
-            if FLAGS:
-                # Flag protocol: no fence before the ticket (taken in the key loop). A warp
-                # that is not the last publishes its state with one release store of its flag
-                # (cumulative over the lanes' stores, ordered by the __syncwarp above); the
-                # last warp polls the other splits' flags with relaxed loads, all at once, then
-                # a fence.acq_rel by every lane makes each poll an acquire that synchronizes
-                # with that flag's release; the __syncwarp after it orders the reads below
-                # after every lane's acquire (and after this warp's own stores). The last
-                # ticket waits only for warps that already hold theirs: no deadlock, whatever
-                # the residency. Two round trips to L2 after the key loop (flags, states)
-                # instead of three (release fence, atomic, states).
-                arrived = bcast0(ticket)
-                if arrived != n_splits - 1 and lane == 0:
-                    store_release(counters, fbase + split, 1)
-            else:
-                if lane == 0:
-                    arrived = arrive_acq_rel(counters, cidx)
-                arrived = bcast0(arrived)
+            if lane == 0:
+                arrived = arrive_acq_rel(counters, cidx)
+            arrived = bcast0(arrived)
             if arrived == n_splits - 1:
-                if FLAGS:
-                    ready = False
-                    while not ready:
-                        ok = True
-                        for i in range(lane, n_splits, 32):
-                            if i != split and load_relaxed(counters, fbase + i) == 0:
-                                ok = False
-                        ready = all_lanes(ok)
-                    fence_acq_rel()
                 syncwarp()         # lane 0's acquire precedes the reads below (see above)
                 # Last warp of the chunk: merge the chunk's rows. Lane group g takes row slot
                 # g % RP (RP = live rows rounded up to a power of two, at most 8; 16 rows take
@@ -964,12 +919,9 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                                         BF16, macc[2 * q] * inv, macc[2 * q + 1] * inv)
                             if write_lse and j == 0 and t == 0:
                                 lse[b, hh, sq] = mu + math.log(tot) if tot > 0 else NEG_INF
-                if FLAGS:
-                    for i in range(lane, n_splits, 32):
-                        counters[fbase + i] = 0
                 if lane == 0:
                     counters[cidx] = 0
 
     return _jit(kernel, ("decode_mma", head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                          has_softcap, has_tree, direct, write_lse, block_n, stages, warps, fold,
-                         pdl, PAGE, PDL_LATE, NEW_TAIL, FULL_LENS, CLUSTER, FLAGS))
+                         pdl, PAGE, PDL_LATE, NEW_TAIL, FULL_LENS, CLUSTER))

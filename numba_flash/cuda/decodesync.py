@@ -17,8 +17,7 @@ import numpy as np
 
 from .warp import SIMULATOR
 
-__all__ = ["arrive_acq_rel", "bcast0", "st2", "ld2", "ticket_relaxed", "load_relaxed",
-           "store_release", "fence_acq_rel", "all_lanes"]
+__all__ = ["arrive_acq_rel", "bcast0", "st2", "ld2"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -26,7 +25,7 @@ if not SIMULATOR:
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    from .warp import _bare_asm_intrinsic, _item_pointer_i64
+    from .warp import _item_pointer_i64
 
     _F32 = types.float32
 
@@ -48,51 +47,6 @@ if not SIMULATOR:
             return builder.call(asm, [addr])
 
         return sig, codegen
-
-    def _u32_codegen(asm_text, ret, n_values):
-        def codegen(context, builder, sig, args):
-            addr = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:2],
-                                     args[1:2])
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(i32 if ret else ir.VoidType(), [ir.IntType(64)] + [i32] * n_values)
-            cons = ("=r,l" if ret else "l") + ",r" * n_values + ",~{memory}"
-            vals = [addr] + [context.cast(builder, v, t, types.int32)
-                             for v, t in zip(args[2:], sig.args[2:])]
-            res = builder.call(ir.InlineAsm(fnty, asm_text, cons, side_effect=True), vals)
-            return res if ret else context.get_dummy_value()
-        return codegen
-
-    def _u32_load(asm_text):
-        """An intrinsic ``op(ary, idx) -> int32`` on ``ary[idx]`` (int32, 1-D)."""
-
-        @intrinsic
-        def op(typingctx, ary, idx):
-            return types.int32(ary, idx), _u32_codegen(asm_text, True, 0)
-
-        return op
-
-    def _u32_store(asm_text):
-        """An intrinsic ``op(ary, idx, value)`` on ``ary[idx]`` (int32, 1-D)."""
-
-        @intrinsic
-        def op(typingctx, ary, idx, value):
-            return types.void(ary, idx, value), _u32_codegen(asm_text, False, 1)
-
-        return op
-
-    # The flag protocol of the folded merge (decode_mma.py, ``flags``).
-    ticket_relaxed = _u32_load("{ .reg .u64 t; cvta.to.global.u64 t, $1; "
-                               "atom.relaxed.gpu.global.add.u32 $0, [t], 1; }")
-    load_relaxed = _u32_load("{ .reg .u64 t; cvta.to.global.u64 t, $1; "
-                             "ld.relaxed.gpu.global.u32 $0, [t]; }")
-    store_release = _u32_store("{ .reg .u64 t; cvta.to.global.u64 t, $0; "
-                               "st.release.gpu.global.u32 [t], $1; }")
-    fence_acq_rel = _bare_asm_intrinsic("fence.acq_rel.gpu;")
-
-    @cuda.jit(device=True, inline=True)
-    def all_lanes(pred):
-        """Whether ``pred`` holds on every lane of the (fully active) warp."""
-        return cuda.all_sync(0xFFFFFFFF, pred)
 
     @cuda.jit(device=True, inline=True)
     def bcast0(x):
@@ -154,33 +108,6 @@ else:
             old = ary[idx]
             ary[idx] = old + 1
         return np.int32(old)
-
-    def ticket_relaxed(ary, idx):
-        """Old value of ``ary[idx]``, incremented under a lock."""
-        with _ATOMIC:
-            old = ary[idx]
-            ary[idx] = old + 1
-        return np.int32(old)
-
-    def load_relaxed(ary, idx):
-        """``ary[idx]`` (the simulator's threads share memory; the lock orders it)."""
-        with _ATOMIC:
-            return np.int32(ary[idx])
-
-    def store_release(ary, idx, value):
-        """``ary[idx] = value`` under the lock."""
-        with _ATOMIC:
-            ary[idx] = value
-
-    def fence_acq_rel():
-        """No-op: the simulator's lock already orders every flag access."""
-
-    def _all_combine(slots):
-        return [all(bool(x) for x in slots)] * 32
-
-    def all_lanes(pred):
-        """Whether ``pred`` holds on every lane of the warp."""
-        return _collective(bool(pred), _all_combine)
 
     def _from_lane0(slots):
         return [slots[0]] * 32
