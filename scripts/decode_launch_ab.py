@@ -24,7 +24,7 @@ from bench_decode import SHAPES, copy_bandwidth_gbs, gpu_time_ms, make_inputs  #
 import numba_flash  # noqa: E402
 
 DEFAULT_VARIANTS = "base:;cap:SMEM_PAD=auto;pdl_cap:PDL=1,SMEM_PAD=auto;pdl2_cap:PDL=2,SMEM_PAD=auto"
-KNOBS = ("PDL", "SMEM_PAD", "CLUSTER")
+KNOBS = ("PDL", "SMEM_PAD", "CLUSTER", "TAIL")
 
 
 def parse_variants(text):
