@@ -236,22 +236,12 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
 
         # Paged fast copies: 32 consecutive block-table entries of the split live in the warp's
         # registers (lane i holds entry bt_base + i) and a tile's pages come by shuffle, so a
-        # tile's copies wait for no dependent global load; one coalesced reload per 32 pages.
-        # (Defined in every variant: the typing of the loop needs them.)
+        # tile's copies wait for no dependent global load; one coalesced reload per 32 pages,
+        # the first at the first fast tile. (Defined in every variant: the typing of the loop
+        # needs them.)
         bt_base = np.int64(-(1 << 40))
         bt_reg = np.int32(0)
         bt_cols = block_table.shape[1]
-        if paged and FAST and not FULL_LENS:
-            # The first entries are loaded for the split's range of a full cache (n =
-            # capacity): the load needs no cache_seqlens and is in flight beside it. If the
-            # real range starts elsewhere, the first fast tile reloads (one small load).
-            _, _, _, g_lo, g_ns, g_start, _ = split_keys(
-                chunk, 16, m_rows, seqlen_q, capacity, has_left, has_right, has_sinks,
-                window_left, window_right, sinks, n_splits, split, BN)
-            g_page = (max(g_start - g_ns, 0) + g_lo) >> PSHIFT
-            bt_base = g_page
-            if g_page + lane < bt_cols:
-                bt_reg = block_table[b, g_page + lane]
 
         # This lane's two rows (g and g + 8 of the chunk): (query head, query index).
         rr0 = chunk * 16 + g
