@@ -23,6 +23,7 @@ import ctypes
 import os
 import pstats
 import time
+import types
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"   # the real launcher, compiled for nothing
 
@@ -120,7 +121,7 @@ def stub_driver(cc=(9, 0)):
 
     class AnyKernel(dict):
         def get(self, key, default=None):
-            return object()
+            return types.SimpleNamespace(kernel=object(), handle=None)
 
     decode_gpu._FAST_LAUNCHERS = AnyKernel()
 

@@ -751,7 +751,6 @@ def _launch_mma_fast(kind, device, config, arrays, ints, floats, ints2, grid, th
 
 
 _DECODE_PLANS: dict = {}
-_KERNEL_HANDLES: dict = {}
 _KERNEL_PADS: dict = {}       # the dynamic shared-memory limit set on each kernel (bytes)
 _DECODE_PLANS_MAX = 256
 
@@ -798,24 +797,24 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
             slots.append(len(params) + 4)          # the data pointer of a flattened array
         params.extend(flat)
     key = (config, tuple(layouts), dev)
-    core_kernel = _compiled(key)
+    cufunc = _compiled(key)
     blocks = grid[0] * grid[1] * grid[2]
     if pdl == "auto":
-        pdl, pad, late = _launch_policy(core_kernel, threads, blocks, _sm_count(dev))
+        pdl, pad, late = _launch_policy(cufunc.kernel, threads, blocks, _sm_count(dev))
         if late and config[14] and not config[16]:
             # the kernel variant that signals launch_dependents after its key loop
             key = (config[:16] + (True,) + config[17:], tuple(layouts), dev)
-            core_kernel = _compiled(key)
+            cufunc = _compiled(key)
             pdl = "late"
     elif pad < 0:
-        pad = _cap_pad(core_kernel, threads, blocks, _sm_count(dev))
+        pad = _cap_pad(cufunc.kernel, threads, blocks, _sm_count(dev))
     if pad > _KERNEL_PADS.get(key, 0):
         # The limit is the kernel's, shared by all its plans: only ever raised (a plan with a
         # smaller pad lowering it made the launches of a larger-pad plan fail).
         from cuda.bindings import driver as cu
 
         attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        err, = cu.cuKernelSetAttribute(attr, pad, _KERNEL_HANDLES[key], cu.CUdevice(dev))
+        err, = cu.cuKernelSetAttribute(attr, pad, cufunc.handle, cu.CUdevice(dev))
         if err != cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {pad}) "
                                f"failed: {err}")
@@ -830,14 +829,15 @@ def _decode_plan(kind, dev, config, all_arrays, ints, floats, ints2, grid, threa
     else:
         cfg = launch._launch_config(grid, threads, pad)
     numba_arrays = tuple(x for x in all_arrays if _is_numba_array(x))
-    return core_kernel, cfg, tuple(params), tuple(slots), numba_arrays, (pad, pdl)
+    return cufunc.kernel, cfg, tuple(params), tuple(slots), numba_arrays, (pad, pdl)
 
 
 def _compiled(key):
-    """The cuda.core kernel of ``key`` = (configuration, array layouts, device), compiled (or
-    loaded from Numba's disk cache) once."""
-    core_kernel = _FAST_LAUNCHERS.get(key)
-    if core_kernel is None:
+    """Numba's function object for ``key`` = (configuration, array layouts, device), compiled
+    (or loaded from Numba's disk cache) once: ``.kernel`` is the cuda.core kernel, ``.handle``
+    its driver handle."""
+    cufunc = _FAST_LAUNCHERS.get(key)
+    if cufunc is None:
         config, layouts, dev = key
         elems = _elem_types()
         arg_types = [types.Array(e, nd, lay) for e, (lay, nd) in zip(elems, layouts)]
@@ -847,9 +847,8 @@ def _compiled(key):
         cufunc = kobj._codelibrary.get_cufunc()
         if config[19]:          # cluster merge
             _allow_large_clusters(cufunc, dev)
-        core_kernel = _FAST_LAUNCHERS[key] = cufunc.kernel
-        _KERNEL_HANDLES[key] = cufunc.handle
-    return core_kernel
+        _FAST_LAUNCHERS[key] = cufunc
+    return cufunc
 
 
 _PDL_CONFIGS: dict = {}
@@ -999,8 +998,9 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     else:
         splits = int(num_splits)
     direct = splits == 1
-    cluster = (use_mma and not direct and kind != "numpy" and
-               _fold_merge() and _cluster_merge(device, splits, warps))
+    fold = _fold_merge()
+    cluster = (use_mma and not direct and kind != "numpy" and fold and
+               _cluster_merge(device, splits, warps))
 
     out = launch._empty_like_kind(kind, q, (batch, seqlen_q, heads_q, head_dim), dtype_name)
     lse = launch._empty_like_kind(kind, q, (batch, heads_q, seqlen_q), "float32") \
@@ -1024,8 +1024,8 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     f32 = np.float32
     LAST_PLAN.update(splits=splits, tile=(block_n, stages, warps) if use_mma else None,
                      merge="direct" if direct else "cluster" if cluster else
-                     "fold" if use_mma and _fold_merge() else "kernel")
-    if use_mma and kind != "numpy" and _FAST["on"] and (direct or _fold_merge()):
+                     "fold" if use_mma and fold else "kernel")
+    if use_mma and kind != "numpy" and _FAST["on"] and (direct or fold):
         # The caller's arrays as they are (no Numba device-array wrappers: see launch.py).
         arrays = (q, k_cache, v_cache,
                   block_table if paged else _dummy(kind, device, (1, 1), np.int32),
@@ -1096,7 +1096,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     ctx = cuda.gpus[device] if (device is not None and not SIMULATOR) else launch._nullcontext()
     with ctx:
         if use_mma:
-            fold = not direct and _fold_merge()
+            fold = fold and not direct
             counters = _counters(kind, device, batch * heads_kv * chunks, launch_stream) \
                 if fold else _dummy(kind, device, (1,), np.int32)
             kern = mma_decode_kernel(head_dim, is_bf16, paged, has_left, has_right, has_sinks,
