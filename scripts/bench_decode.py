@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 
 import numpy as np
@@ -60,6 +61,18 @@ def gpu_time_ms(fn, reps=REPS, rounds=5, spin=SPIN_CYCLES):
         stop.synchronize()
         times.append(start.elapsed_time(stop) / reps)
     return statistics.median(times)
+
+
+def gpu_time_ms_with_env(fn, var, value):
+    """``gpu_time_ms(fn)`` with the environment variable ``var`` set to ``value`` (numba_flash
+    reads its A/B switches per call), then unset; and the decode plan's merge of that run."""
+    from numba_flash.cuda.decode import LAST_PLAN
+
+    os.environ[var] = value
+    try:
+        return gpu_time_ms(fn), LAST_PLAN.get("merge")
+    finally:
+        os.environ.pop(var)
 
 
 def call_time_us(fn, rounds=7):
@@ -200,18 +213,10 @@ def main():
                            tile=LAST_PLAN.get("tile"), merge=LAST_PLAN.get("merge"))
                 row["ours_pct_copy"] = 100 * row["ours_gbs"] / copy_bw
                 if args.pdl_ab:
-                    import os
-
-                    os.environ["NUMBA_FLASH_DECODE_PDL"] = "1"
-                    t = gpu_time_ms(fn)
-                    os.environ.pop("NUMBA_FLASH_DECODE_PDL")
+                    t, _ = gpu_time_ms_with_env(fn, "NUMBA_FLASH_DECODE_PDL", "1")
                     row.update(pdl_ms=t, pdl_pct_copy=100 * kv_bytes / t / 1e6 / copy_bw)
                 if args.tail_ab:
-                    import os
-
-                    os.environ["NUMBA_FLASH_DECODE_TAIL"] = "old"
-                    t_old = gpu_time_ms(fn)
-                    os.environ.pop("NUMBA_FLASH_DECODE_TAIL")
+                    t_old, _ = gpu_time_ms_with_env(fn, "NUMBA_FLASH_DECODE_TAIL", "old")
                     t_new = gpu_time_ms(fn)       # again, right after: drift shows in the pair
                     row.update(old_tail_ms=t_old,
                                old_tail_pct_copy=100 * kv_bytes / t_old / 1e6 / copy_bw,
@@ -222,12 +227,8 @@ def main():
                           f"{t_new * 1e3:.1f} us {row['new_tail_pct_copy']:.1f}% "
                           f"(table {ms * 1e3:.1f} us)", flush=True)
                 if args.cluster_ab:
-                    import os
-
-                    os.environ["NUMBA_FLASH_DECODE_CLUSTER"] = "1"
-                    t_alt = gpu_time_ms(fn)
-                    alt_merge = LAST_PLAN.get("merge")
-                    os.environ.pop("NUMBA_FLASH_DECODE_CLUSTER")
+                    t_alt, alt_merge = gpu_time_ms_with_env(fn, "NUMBA_FLASH_DECODE_CLUSTER",
+                                                            "1")
                     t_default = gpu_time_ms(fn)     # again, right after: drift shows in the pair
                     row.update(cluster_ms=t_alt, cluster_merge=alt_merge,
                                cluster_pct_copy=100 * kv_bytes / t_alt / 1e6 / copy_bw,
@@ -274,8 +275,6 @@ def tile_sweep(args, copy_bw, save, out):
     'old' or 'new') and split count: ``--tile-splits``, or a few
     around what ``num_splits="auto"`` picks for that layout; ``--tile-pages`` picks the cache
     layouts (none = contiguous, or page sizes), ``--tile-shapes`` the shapes."""
-    import os
-
     from numba_flash.cuda import decode as dec
 
     shapes = [SHAPES[int(i)] for i in args.tile_shapes.split(",")] if args.tile_shapes else \

@@ -34,12 +34,15 @@ def main():
     def ours():
         return numba_flash.decode(q, k, v, cache_seqlens=lens)
 
-    def ours_nofold():
-        os.environ["NUMBA_FLASH_DECODE_FOLD"] = "0"
-        try:
-            return numba_flash.decode(q, k, v, cache_seqlens=lens)
-        finally:
-            os.environ.pop("NUMBA_FLASH_DECODE_FOLD")
+    def with_env(var, value):
+        """``ours`` with the environment variable ``var`` set to ``value`` for the call."""
+        def run():
+            os.environ[var] = value
+            try:
+                return ours()
+            finally:
+                os.environ.pop(var)
+        return run
 
     def sdpa(backend):
         def run():
@@ -57,15 +60,9 @@ def main():
             return numba_flash.decode(qp, kp, vp, cache_seqlens=lp, block_table=tp)
         return run
 
-    def ours_pdl0():
-        os.environ["NUMBA_FLASH_DECODE_PDL"] = "0"
-        try:
-            return numba_flash.decode(q, k, v, cache_seqlens=lens)
-        finally:
-            os.environ.pop("NUMBA_FLASH_DECODE_PDL")
-
-    variants = [("ours", ours), ("ours_pdl0", ours_pdl0), ("ours_paged16", ours_paged(16)),
-                ("ours_paged64", ours_paged(64)), ("ours_nofold", ours_nofold),
+    variants = [("ours", ours), ("ours_pdl0", with_env("NUMBA_FLASH_DECODE_PDL", "0")),
+                ("ours_paged16", ours_paged(16)), ("ours_paged64", ours_paged(64)),
+                ("ours_nofold", with_env("NUMBA_FLASH_DECODE_FOLD", "0")),
                 ("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                 ("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
     if args.calls:
