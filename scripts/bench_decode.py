@@ -97,7 +97,9 @@ def copy_bandwidth_gbs():
     return 2 * (2 << 30) / ms / 1e6
 
 
-def make_inputs(b, hq, hkv, L, d, dtype, page):
+def make_inputs(b, hq, hkv, L, d, dtype, page, ordered=False):
+    """q, k, v, cache_seqlens (full) and block_table (None, or pages shuffled unless
+    ``ordered``: page i of the pool holds page i of the cache, for diagnosis)."""
     tdt = getattr(torch, dtype)
     q = torch.randn(b, 1, hq, d, device="cuda", dtype=tdt)
     k = torch.randn(b, L, hkv, d, device="cuda", dtype=tdt)
@@ -106,7 +108,8 @@ def make_inputs(b, hq, hkv, L, d, dtype, page):
     if page is None:
         return q, k, v, lens, None
     per = L // page
-    perm = torch.randperm(b * per, device="cuda")
+    perm = torch.arange(b * per, device="cuda") if ordered else \
+        torch.randperm(b * per, device="cuda")
     table = perm.reshape(b, per).to(torch.int32)
     kp = torch.empty(b * per, page, hkv, d, device="cuda", dtype=tdt)
     vp = torch.empty_like(kp)

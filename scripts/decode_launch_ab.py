@@ -1,11 +1,12 @@
 """Launch-variant A/B of numba_flash.decode in one process: programmatic dependent launch
 (NUMBA_FLASH_DECODE_PDL), a shared-memory pad that caps the blocks per multiprocessor
-(NUMBA_FLASH_DECODE_SMEM_PAD) and the cluster merge (NUMBA_FLASH_DECODE_CLUSTER), on the
+(NUMBA_FLASH_DECODE_SMEM_PAD), the cluster merge (NUMBA_FLASH_DECODE_CLUSTER) and the
+evict-first L2 hint of the K/V copies (NUMBA_FLASH_DECODE_HINT), on the
 bench_decode shapes, float16, contiguous and paged caches. Every variant is timed twice,
 interleaved with the others (drift shows in the pair), as bench_decode times (back to back
 behind a spin kernel, CUDA events).
 
-    python scripts/decode_launch_ab.py [--shapes 3,0] [--layouts none,16,64] [--out ab.json]
+    python scripts/decode_launch_ab.py [--shapes 3,0] [--layouts none,16,64,16o] [--out ab.json]
         [--variants "base:;pdl:PDL=1;pdl_pad:PDL=1,SMEM_PAD=16384;s12:SPLITS=12"]
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bench_decode import SHAPES, copy_bandwidth_gbs, gpu_time_ms, make_inputs  #
 import numba_flash  # noqa: E402
 
 DEFAULT_VARIANTS = "base:;cap:SMEM_PAD=auto;pdl_cap:PDL=1,SMEM_PAD=auto;pdl2_cap:PDL=2,SMEM_PAD=auto"
-KNOBS = ("PDL", "SMEM_PAD", "CLUSTER", "TAIL")
+KNOBS = ("PDL", "SMEM_PAD", "CLUSTER", "TAIL", "HINT")
 
 
 def parse_variants(text):
@@ -66,8 +67,10 @@ def main():
     for si in (int(i) for i in args.shapes.split(",")):
         b, hq, hkv, L, d = SHAPES[si]
         for lay in args.layouts.split(","):
-            page = None if lay == "none" else int(lay)
-            q, k, v, lens, table = make_inputs(b, hq, hkv, L, d, args.dtype, page)
+            # "16o": 16-row pages in order (block table 0, 1, 2, ...), for diagnosis
+            page = None if lay == "none" else int(lay.rstrip("o"))
+            q, k, v, lens, table = make_inputs(b, hq, hkv, L, d, args.dtype, page,
+                                               ordered=lay.endswith("o"))
             kv_bytes = 2 * b * L * hkv * d * q.element_size()
             splits = ["auto"]
             fn = lambda: numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table,

@@ -623,6 +623,48 @@ def test_cache_seqlens_none_is_the_full_cache(monkeypatch, kernel, page, splits)
     assert np.abs(_host(out_none)[:1].astype(np.float64) - ref[:1]).max() < 2e-3
 
 
+@pytest.mark.parametrize("page, opts", [
+    (None, dict(num_splits=2)),
+    (8, dict(num_splits=2, window_size=(40, -1), sinks=3)),     # pages < tile, unaligned start
+    (64, dict(num_splits=1)),                                    # pages > tile, direct output
+])
+def test_stream_hint_changes_no_bits(monkeypatch, page, opts):
+    """The evict-first L2 hint of the fast copies (NUMBA_FLASH_DECODE_HINT) only steers the
+    cache: identical bits with it forced on and off."""
+    rng = np.random.default_rng(37)
+    b, hq, hkv, d = 2, 4, 2, 32
+    smax = 100 if SIMULATOR else 3000
+    q = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
+    k, v, table = make_cache(rng, "float16", b, smax, hkv, d, page)
+    dq, dk, dv = _dev(q), _dev(k), _dev(v)
+    lens = _dev_int(np.array([smax - 7, smax // 2 + 3], dtype=np.int32), dq)
+    bt = None if table is None else _dev_int(table, dq)
+    results = []
+    for hint in ("0", "1"):
+        monkeypatch.setenv("NUMBA_FLASH_DECODE_HINT", hint)
+        out, lse = numba_flash.decode(dq, dk, dv, cache_seqlens=lens, block_table=bt,
+                                      return_lse=True, backend="cuda", **opts)
+        results.append((_host(out), _host(lse)))
+    assert not np.isnan(results[0][0].astype(np.float32)).any()
+    assert np.array_equal(results[0][0], results[1][0])
+    assert np.array_equal(results[0][1], results[1][1])
+
+
+def test_stream_hint_choice(monkeypatch):
+    """Evict-first by default only when each K/V line is read once (one row chunk)."""
+    from numba_flash.cuda.decode import _stream_hint
+
+    monkeypatch.delenv("NUMBA_FLASH_DECODE_HINT", raising=False)
+    assert _stream_hint(1) and not _stream_hint(2)
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_HINT", "1")
+    assert _stream_hint(3)
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_HINT", "0")
+    assert not _stream_hint(1)
+    monkeypatch.setenv("NUMBA_FLASH_DECODE_HINT", "yes")
+    with pytest.raises(ValueError, match="NUMBA_FLASH_DECODE_HINT must be auto, 0 or 1"):
+        _stream_hint(1)
+
+
 class _FakeOccupancy:
     """An H100-like occupancy answer for the decode kernel: 228 KB of shared memory per
     multiprocessor, 1 KB reserved per block, 32 KB of static rings, at most 8 blocks

@@ -592,6 +592,16 @@ def _new_tail() -> bool:
     return os.environ.get("NUMBA_FLASH_DECODE_TAIL", "new") != "old"
 
 
+def _stream_hint(chunks: int) -> bool:
+    """Whether the fast copies fill L2 evict-first (decode_mma.py, ``stream_hint``): by
+    default with one row chunk per kv head (every K/V line is then read once per call; more
+    chunks re-read them); NUMBA_FLASH_DECODE_HINT=0 / 1 forces it off / on."""
+    mode = os.environ.get("NUMBA_FLASH_DECODE_HINT", "auto")
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"NUMBA_FLASH_DECODE_HINT must be auto, 0 or 1, got {mode!r}")
+    return chunks == 1 if mode == "auto" else mode == "1"
+
+
 _CLUSTER = {"on": not SIMULATOR, "error": None}     # "on": False after a failed launch
 
 
@@ -1038,7 +1048,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
         config = (head_dim, is_bf16, paged, has_left, has_right, has_sinks, has_softcap,
                   has_tree, direct, bool(return_lse), block_n, stages, warps,
                   not direct and not cluster, _pdl_device(device), page_pow2, _pdl_late(),
-                  not direct and _new_tail(), full_lens, cluster)
+                  not direct and _new_tail(), full_lens, cluster, _stream_hint(chunks))
         ints = (ratio, chunks, splits)
         floats = (scale * log2e, scale / cap, cap * log2e)
         ints2 = (left, right, int(sinks), tree_len, page_size, page_shift)
@@ -1102,7 +1112,8 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
             kern = mma_decode_kernel(head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                                      has_softcap, has_tree, direct, bool(return_lse), block_n,
                                      stages, warps, fold, False, page_pow2, False,
-                                     not direct and _new_tail(), full_lens)
+                                     not direct and _new_tail(), full_lens, False,
+                                     _stream_hint(chunks))
             kern[(-(-splits // warps), batch, heads_kv * chunks), 32 * warps, launch_stream](
                 qa, ka, va, bt_arg, sl_arg, tree_arg, oa, lse_arg, o_part_arg, lse_part_arg,
                 counters, ratio, chunks, splits, f32(scale * log2e), f32(scale / cap),

@@ -31,6 +31,7 @@ from .decodedev import cache_slot, split_keys
 from .cluster import cluster_sync, ld_dsmem_f1, ld_dsmem_f2, st_smem_f1, st_smem_f2
 from .decodesync import arrive_acq_rel, bcast0, ld2, st2
 from .jitcache import jit_kernel
+from .l2hints import cp_async16_hint, evict_first_policy
 from .warp import (SIMULATOR, cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1,
                    cp_async_wait_2, cp_async_wait_3, cp_async_wait_all, exp2, ldmatrix_x4,
                    ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, syncwarp)
@@ -91,7 +92,8 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                            direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
                            fold: bool = False, pdl: bool = False, page_pow2: int = 0,
                            pdl_late: bool = False, new_tail: bool = True,
-                           full_lens: bool = False, cluster: bool = False):
+                           full_lens: bool = False, cluster: bool = False,
+                           stream_hint: bool = False):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
@@ -138,6 +140,11 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     cluster barrier (``cuda/cluster.py``): no partial states in global memory, no counters,
     no last-warp election; o_part, lse_part and counters are not touched.
 
+    ``stream_hint``: the fast copies fill L2 under an evict-first policy (``l2hints.py``), so
+    the K/V stream, read once, does not push out of L2 what every call reuses (block table,
+    lengths, queries, counters, the kernel's code). For one row chunk per kv head only: other
+    chunks re-read the same K/V lines.
+
     Grid ``(ceil(n_splits / warps), B, Hkv * row_chunks)``, ``32 * warps`` threads;
     ``block_n`` a multiple of 16, ``stages`` in 2..4, within 48 KB of static shared memory.
     """
@@ -178,6 +185,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     FAST = RPI > 0 and (not paged or (PAGE > 0 and PAGE % RPI == 0
                                         and (PAGE >= BN or BN % PAGE == 0)))
     NPG = BN // PAGE if 0 < PAGE < BN else 1        # pages per tile on the fast path
+    HINT = bool(stream_hint) and FAST
     NEG_INF = -math.inf
     if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4 or mma_smem_bytes(D, BN, S, NW) > 49152:
         raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, warps {NW} at "
@@ -309,6 +317,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
             ksp = np.int64(k.strides[0] // 4)
             vsp = np.int64(v.strides[0] // 4)
             n_pages = k.shape[0]
+        policy = evict_first_policy() if HINT else np.uint64(0)
 
         m0 = np.float32(NEG_INF)
         m1 = np.float32(NEG_INF)
@@ -354,16 +363,26 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                             r = rr + lrow
                             dc = lcol ^ (SWZ_MASK & ((r & 7) << 2))
                             pr = rr - pi * (BN // NPG)
-                            cp_async16_at(ks, dst0 + r, dc, k, kb + pr * ksr, 16)
-                            cp_async16_at(vs, dst0 + r, dc, v, vb + pr * vsr, 16)
+                            if HINT:
+                                cp_async16_hint(ks, dst0 + r, dc, k, kb + pr * ksr, 16, policy)
+                                cp_async16_hint(vs, dst0 + r, dc, v, vb + pr * vsr, 16, policy)
+                            else:
+                                cp_async16_at(ks, dst0 + r, dc, k, kb + pr * ksr, 16)
+                                cp_async16_at(vs, dst0 + r, dc, v, vb + pr * vsr, 16)
                 else:
                     kb = kstart * ksr + kl
                     vb = kstart * vsr + vl
                     for it in range(LOADS):
                         r = it * RPI + lrow
                         dc = lcol ^ (SWZ_MASK & ((r & 7) << 2))
-                        cp_async16_at(ks, dst0 + r, dc, k, kb + (it * RPI) * ksr, 16)
-                        cp_async16_at(vs, dst0 + r, dc, v, vb + (it * RPI) * vsr, 16)
+                        if HINT:
+                            cp_async16_hint(ks, dst0 + r, dc, k, kb + (it * RPI) * ksr, 16,
+                                            policy)
+                            cp_async16_hint(vs, dst0 + r, dc, v, vb + (it * RPI) * vsr, 16,
+                                            policy)
+                        else:
+                            cp_async16_at(ks, dst0 + r, dc, k, kb + (it * RPI) * ksr, 16)
+                            cp_async16_at(vs, dst0 + r, dc, v, vb + (it * RPI) * vsr, 16)
             elif step < n_tiles:
                 for it in range(LOADS):
                     i = it * 32 + lane
