@@ -6,7 +6,7 @@ bench_decode shapes, float16, contiguous and paged caches. Every variant is time
 interleaved with the others (drift shows in the pair), as bench_decode times (back to back
 behind a spin kernel, CUDA events).
 
-    python scripts/decode_launch_ab.py [--shapes 3,0] [--layouts none,16,64,16o] [--out ab.json]
+    python scripts/decode_launch_ab.py [--shapes 3,0] [--layouts none,16,64,16o,seqo] [--out ab.json]
         [--variants "base:;pdl:PDL=1;pdl_pad:PDL=1,SMEM_PAD=16384;s12:SPLITS=12"]
 """
 from __future__ import annotations
@@ -67,8 +67,9 @@ def main():
     for si in (int(i) for i in args.shapes.split(",")):
         b, hq, hkv, L, d = SHAPES[si]
         for lay in args.layouts.split(","):
-            # "16o": 16-row pages in order (block table 0, 1, 2, ...), for diagnosis
-            page = None if lay == "none" else int(lay.rstrip("o"))
+            # "16o": 16-row pages in order (block table 0, 1, 2, ...), for diagnosis; "seqo":
+            # one page per sequence (the cache copied into the paged layout, in order)
+            page = None if lay == "none" else L if lay == "seqo" else int(lay.rstrip("o"))
             q, k, v, lens, table = make_inputs(b, hq, hkv, L, d, args.dtype, page,
                                                ordered=lay.endswith("o"))
             kv_bytes = 2 * b * L * hkv * d * q.element_size()
