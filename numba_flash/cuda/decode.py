@@ -646,12 +646,66 @@ def _allow_large_clusters(cufunc, dev):
         raise RuntimeError(f"cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed: {err}")
 
 
+class GraphCaptureError(RuntimeError):
+    """A decode call inside a CUDA graph capture needs a buffer that cannot be made there."""
+
+
+# Folded-merge counters of calls made while a stream is being captured into a CUDA graph: one
+# buffer per capture (the graph may be replayed on any stream, any time, so it shares its
+# counters with nothing else), kept for the life of the process. Memory cannot be allocated
+# during a capture, so each comes from a reserve of zeroed buffers made outside captures.
+_SPARE_COUNTERS: dict = {}
+SPARE_COUNTERS = 2
+
+
+def _capture_id(stream):
+    """The id of the CUDA graph capture in progress on ``stream`` (a raw handle or a Numba
+    stream), or None when it is not capturing (or cannot be asked)."""
+    handle = _stream_key(stream)
+    if handle is None:
+        return None
+    try:
+        from cuda.bindings import driver
+    except ImportError:         # without the bindings, no capture can be detected
+        return None
+    res = driver.cuStreamGetCaptureInfo(driver.CUstream(handle))
+    if res[0] != driver.CUresult.CUDA_SUCCESS or \
+            res[1] != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+        return None
+    return int(res[2])
+
+
+def _top_up_spares(device, n):
+    """Keep SPARE_COUNTERS zeroed buffers of at least n entries ready for captures."""
+    spares = _SPARE_COUNTERS.setdefault(device, [])
+    spares[:] = [b for b in spares if b.shape[0] >= n]
+    while len(spares) < SPARE_COUNTERS:
+        spares.append(cuda.to_device(np.zeros(max(n, 1024), dtype=np.int32)))
+
+
 def _counters(kind, device, n, stream):
     """int32 zeros (>= n) for the folded merge's arrival counters, one buffer per (device,
     stream): every launch leaves them at zero again, and launches on one stream are ordered.
-    Launches on different streams get different buffers."""
+    Launches on different streams get different buffers; a call inside a CUDA graph capture
+    gets its capture's own buffer (from the reserve: see ``_SPARE_COUNTERS``)."""
     if kind == "numpy" or SIMULATOR:
         return np.zeros(max(n, 1), dtype=np.int32)
+    capture = _capture_id(stream)
+    if capture is not None:
+        key = (device, "capture", capture)
+        buf = _COUNTERS.get(key)
+        if buf is None or buf.shape[0] < n:
+            spares = [b for b in _SPARE_COUNTERS.get(device, []) if b.shape[0] >= n]
+            if not spares:
+                raise GraphCaptureError(
+                    f"numba_flash.decode inside a CUDA graph capture needs {n} merge counters "
+                    f"and none were set aside: make one decode call of this size (or larger) "
+                    f"outside the capture first, e.g. the usual warm-up before capturing")
+            buf = spares[0]
+            _SPARE_COUNTERS[device].remove(buf)
+            _COUNTERS.setdefault(("old",), []).append(_COUNTERS.get(key))
+            _COUNTERS[key] = buf
+        return buf
     key = (device, _stream_key(stream))
     if key[1] is None:       # a stream we cannot identify: fresh zeros, never shared
         return cuda.to_device(np.zeros(max(n, 1), dtype=np.int32))
@@ -661,6 +715,9 @@ def _counters(kind, device, n, stream):
         buf = cuda.to_device(np.zeros(size, dtype=np.int32))     # synchronous: zeros first
         _COUNTERS.setdefault(("old",), []).append(_COUNTERS.get(key))   # never freed mid-flight
         _COUNTERS[key] = buf
+    spares = _SPARE_COUNTERS.get(device)
+    if spares is None or len(spares) < SPARE_COUNTERS or min(b.shape[0] for b in spares) < n:
+        _top_up_spares(device, n)
     return buf
 
 
@@ -1059,6 +1116,8 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
             if kind == "cai" and is_bf16:
                 out = launch._BFloat16Array(out)
             return (out, lse) if return_lse else out
+        except GraphCaptureError:
+            raise
         except Exception as exc:  # noqa: BLE001 - keep working through the dispatcher
             import warnings
 
