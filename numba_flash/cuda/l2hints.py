@@ -20,7 +20,7 @@ if not SIMULATOR:
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    from .warp import _TO_SHARED, _item_pointer_i64
+    from .warp import _TO_SHARED, _item_pointer_i64, _offset_pointer_i64
 
     @intrinsic
     def evict_first_policy(typingctx):
@@ -35,14 +35,6 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    def _global_address(context, builder, aryty, aryval, offty, offval):
-        """i64 address of ``ary``'s first element + ``off`` elements."""
-        ary = context.make_array(aryty)(context, builder, aryval)
-        i64 = ir.IntType(64)
-        off = context.cast(builder, offval, offty, types.int64)
-        size = context.get_constant(types.int64, aryty.dtype.bitwidth // 8)
-        return builder.add(builder.ptrtoint(ary.data, i64), builder.mul(off, size))
-
     @intrinsic
     def cp_async16_hint(typingctx, dst, di, dj, src, word_offset, src_bytes, policy):
         """16 bytes from ``src``'s first element + ``word_offset`` elements (global) to
@@ -52,7 +44,8 @@ if not SIMULATOR:
         def codegen(context, builder, sig, args):
             d = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:3],
                                   args[1:3])
-            g = _global_address(context, builder, sig.args[3], args[3], sig.args[4], args[4])
+            g = _offset_pointer_i64(context, builder, sig.args[3], args[3], sig.args[4],
+                                    args[4])
             n = context.cast(builder, args[5], sig.args[5], types.int32)
             pol = context.cast(builder, args[6], sig.args[6], types.uint64)
             i64 = ir.IntType(64)
@@ -68,12 +61,12 @@ if not SIMULATOR:
 else:
     import numpy as np
 
+    from .warp import cp_async16_at
+
     def evict_first_policy():
         """A placeholder policy: the simulator has no L2."""
         return np.uint64(0)
 
     def cp_async16_hint(dst, di, dj, src, word_offset, src_bytes, policy):
         """``cp_async16_at`` (the policy has no meaning in the simulator)."""
-        from .warp import cp_async16_at
-
         cp_async16_at(dst, di, dj, src, word_offset, src_bytes)

@@ -118,6 +118,14 @@ if not SIMULATOR:
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds)
         return builder.ptrtoint(ptr, ir.IntType(64))
 
+    def _offset_pointer_i64(context, builder, aryty, aryval, offty, offval):
+        """Address (i64) of ``ary``'s first element + ``off`` elements (any strides: the
+        caller computed the offset)."""
+        ary = context.make_array(aryty)(context, builder, aryval)
+        off = context.cast(builder, offval, offty, types.int64)
+        size = context.get_constant(types.int64, aryty.dtype.bitwidth // 8)
+        return builder.add(builder.ptrtoint(ary.data, ir.IntType(64)), builder.mul(off, size))
+
     # Shared arrays reach an intrinsic as generic pointers: cvta.to.shared makes the 32-bit
     # shared-window address that ldmatrix and cp.async take.
     _TO_SHARED = "{ .reg .u64 t; .reg .u32 s; cvta.to.shared.u64 t, $%d; cvt.u32.u64 s, t; %s }"
@@ -174,11 +182,8 @@ if not SIMULATOR:
 
         def codegen(context, builder, sig, args):
             d = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:3], args[1:3])
-            ary = context.make_array(sig.args[3])(context, builder, args[3])
+            g = _offset_pointer_i64(context, builder, sig.args[3], args[3], sig.args[4], args[4])
             i64 = ir.IntType(64)
-            off = context.cast(builder, args[4], sig.args[4], types.int64)
-            size = context.get_constant(types.int64, sig.args[3].dtype.bitwidth // 8)
-            g = builder.add(builder.ptrtoint(ary.data, i64), builder.mul(off, size))
             n = context.cast(builder, args[5], sig.args[5], types.int32)
             fnty = ir.FunctionType(ir.VoidType(), [i64, i64, ir.IntType(32)])
             asm = ir.InlineAsm(fnty, _TO_SHARED % (0, "cp.async.cg.shared.global [s], [$1], 16, $2;"),
