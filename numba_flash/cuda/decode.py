@@ -658,10 +658,9 @@ _SPARE_COUNTERS: dict = {}
 SPARE_COUNTERS = 2
 
 
-def _capture_id(stream):
-    """The id of the CUDA graph capture in progress on ``stream`` (a raw handle or a Numba
-    stream), or None when it is not capturing (or cannot be asked)."""
-    handle = _stream_key(stream)
+def _capture_id(handle):
+    """The id of the CUDA graph capture in progress on the stream of int ``handle``
+    (``_stream_key``), or None when it is not capturing (or cannot be asked)."""
     if handle is None:
         return None
     try:
@@ -690,7 +689,8 @@ def _counters(kind, device, n, stream):
     gets its capture's own buffer (from the reserve: see ``_SPARE_COUNTERS``)."""
     if kind == "numpy" or SIMULATOR:
         return np.zeros(max(n, 1), dtype=np.int32)
-    capture = _capture_id(stream)
+    handle = _stream_key(stream)
+    capture = _capture_id(handle)
     if capture is not None:
         key = (device, "capture", capture)
         buf = _COUNTERS.get(key)
@@ -706,8 +706,8 @@ def _counters(kind, device, n, stream):
             _COUNTERS.setdefault(("old",), []).append(_COUNTERS.get(key))
             _COUNTERS[key] = buf
         return buf
-    key = (device, _stream_key(stream))
-    if key[1] is None:       # a stream we cannot identify: fresh zeros, never shared
+    key = (device, handle)
+    if handle is None:       # a stream we cannot identify: fresh zeros, never shared
         return cuda.to_device(np.zeros(max(n, 1), dtype=np.int32))
     buf = _COUNTERS.get(key)
     if buf is None or buf.shape[0] < n:
