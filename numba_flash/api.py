@@ -7,7 +7,7 @@ from .validation import validate
 
 __all__ = ["attention"]
 
-_CUDA_MISSING = ("the CUDA backend is not available yet: numba_flash.cuda.launch.attention_cuda "
+_CUDA_MISSING = ("the CUDA backend is not available yet: numba_flash.cuda.launch.attention "
                  "is missing from this installation; NumPy inputs run in CPU mode "
                  "(backend='auto' or 'cpu')")
 
@@ -15,15 +15,22 @@ _CUDA_MISSING = ("the CUDA backend is not available yet: numba_flash.cuda.launch
 def _load_attention_cuda():
     """The CUDA entry point, imported on first use so that ``import numba_flash`` stays light."""
     try:
-        launch = importlib.import_module("numba_flash.cuda.launch")
+        launch = importlib.import_module("numba_flash.cuda.launch.attention")
     except ModuleNotFoundError as exc:
-        if exc.name in ("numba_flash.cuda", "numba_flash.cuda.launch"):
+        if exc.name in ("numba_flash.cuda", "numba_flash.cuda.launch",
+                        "numba_flash.cuda.launch.attention"):
             raise NotImplementedError(_CUDA_MISSING) from exc
         raise
     entry = getattr(launch, "attention_cuda", None)
     if entry is None:
         raise NotImplementedError(_CUDA_MISSING)
+    _FAST[0] = launch.attention_fast
     return entry
+
+
+# The runtime's repeated-call path (numba_flash.cuda.launch.attention.attention_fast), set when
+# the CUDA runtime is first loaded: until then no GPU call has been made and none can repeat.
+_FAST = [None]
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
@@ -113,6 +120,19 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     >>> out.shape, out.dtype, lse.shape, lse.dtype
     ((1, 5, 4, 16), dtype('float32'), (1, 4, 5), dtype('float32'))
     """
+    fast = _FAST[0]
+    signature = None
+    if fast is not None and backend != "cpu":
+        # Same signature as an earlier GPU call (arrays' geometry, every keyword): its plan,
+        # without validating again (validation depends on nothing else).
+        extras = tuple(x for x in (cu_seqlens_q, cu_seqlens_k, alibi_slopes) if x is not None)
+        result, signature = fast(q, k, v, (softmax_scale, causal, window_size, sinks, mask,
+                                           softcap, alibi_slopes, return_lse, backend,
+                                           cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, score_mod), extras, (mask, score_mod),
+                                 stream)
+        if result is not None:
+            return result
     problem = validate(q, k, v, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, sinks=sinks, mask=mask, softcap=softcap,
                        return_lse=return_lse, backend=backend, stream=stream,
@@ -137,4 +157,4 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     if problem.varlen is not None:
         options["varlen"] = problem.varlen
     attention_cuda = _load_attention_cuda()
-    return attention_cuda(q, k, v, stream=stream, **options)
+    return attention_cuda(q, k, v, stream=stream, fast=signature, **options)

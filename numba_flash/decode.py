@@ -233,7 +233,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
                 mask._check_sizes(seqlen_q, n)
         return decode_cpu(q, k_cache, v_cache, np.asarray(cache_seqlens), block_table,
                           mask=mask, **options)
-    from .cuda.decode import decode_cuda
+    from .cuda.launch.decode import decode_cuda
 
     return decode_cuda(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
                        tree_parents=tree.parents if tree is not None else None,

@@ -50,7 +50,7 @@ def merge_states(o, lse, *, stream=None):
     (o, lse) : o (batch, seqlen, heads, head_dim) in o's dtype, lse (batch, heads, seqlen) in
         lse's dtype. NumPy inputs are merged exactly in float64 by the reference
         (``numba_flash_reference.merge.merge_many``, order "flat") and rounded once; GPU inputs
-        by ``numba_flash.cuda.merge`` in fp32 on the caller's stream.
+        by ``numba_flash.cuda.launch.merge`` in fp32 on the caller's stream.
     """
     if isinstance(o, (list, tuple)) or isinstance(lse, (list, tuple)):
         if not isinstance(o, (list, tuple)) or not isinstance(lse, (list, tuple)):
@@ -88,6 +88,9 @@ def merge_states(o, lse, *, stream=None):
             out64, lse64 = merge_many(list(o), list(lse), order="flat", dtype="float64")
         out = round_to(out64, o.dtype).astype(o.dtype)
         return out, lse64.astype(lse.dtype)
-    from .cuda.merge import merge_states_cuda
+    from .cuda.launch.merge import merge_states_cuda, merge_states_fast
 
-    return merge_states_cuda(o, lse, stream=stream)
+    result, signature = merge_states_fast(o, lse, stream)
+    if result is not None:
+        return result
+    return merge_states_cuda(o, lse, stream=stream, fast=signature)

@@ -66,7 +66,7 @@ def gpu_time_ms(fn, reps=REPS, rounds=5, spin=SPIN_CYCLES):
 def gpu_time_ms_with_env(fn, var, value):
     """``gpu_time_ms(fn)`` with the environment variable ``var`` set to ``value`` (numba_flash
     reads its A/B switches per call), then unset; and the decode plan's merge of that run."""
-    from numba_flash.cuda.decode import LAST_PLAN
+    from numba_flash.cuda.launch.decode import LAST_PLAN
 
     os.environ[var] = value
     try:
@@ -209,7 +209,7 @@ def main():
                            layout="contiguous" if page is None else f"paged{page}",
                            max_abs_diff_vs_sdpa=err if page is None else None)
                 ms = gpu_time_ms(fn)
-                from numba_flash.cuda.decode import LAST_PLAN
+                from numba_flash.cuda.launch.decode import LAST_PLAN
 
                 row.update(ours_ms=ms, ours_call_us=call_time_us(fn),
                            ours_gbs=kv_bytes / ms / 1e6, splits=LAST_PLAN.get("splits"),

@@ -31,7 +31,7 @@ def _attention():
 
         return lambda q, k, v, causal: attention(q, k, v, causal=causal)
     except Exception:  # the public API may be absent in a partial checkout
-        from numba_flash.cuda.launch import attention_cuda
+        from numba_flash.cuda.launch.attention import attention_cuda
 
         return lambda q, k, v, causal: attention_cuda(q, k, v, softmax_scale=q.shape[-1] ** -0.5,
                                                       causal=causal)

@@ -1,5 +1,5 @@
-"""numba.cuda kernels and their launcher.
-
-Importing this package compiles nothing and needs no GPU; ``launch.attention_cuda`` is the entry
-point that ``numba_flash.api`` calls for device arrays (or NumPy arrays under the simulator).
-"""
+"""The GPU backend (docs/architecture.md): ``primitives`` (one instruction family per module,
+each with a simulator stand-in), ``kernels`` (one module per kernel family, built from tile
+helpers by factories with compile-time closures) and ``launch`` (the runtime: array interop,
+streams, plans, driver-API launches; the only code that knows CuPy / PyTorch / Numba arrays).
+Importing it compiles nothing."""

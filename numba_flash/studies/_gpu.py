@@ -119,7 +119,7 @@ def _why_no_gpu() -> str | None:
     except Exception as exc:  # driver missing or broken
         return f"no usable CUDA device ({type(exc).__name__}: {exc})"
     try:
-        from numba_flash.cuda.launch import attention_cuda  # noqa: F401
+        from numba_flash.cuda.launch.attention import attention_cuda  # noqa: F401
     except Exception as exc:
         return (f"numba_flash.cuda.launch.attention_cuda is unavailable "
                 f"({type(exc).__name__}: {exc})")

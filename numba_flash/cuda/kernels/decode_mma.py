@@ -27,43 +27,19 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from .decodedev import cache_slot, split_keys
-from .cluster import cluster_sync, ld_dsmem_f1, ld_dsmem_f2, st_smem_f1, st_smem_f2
-from .decodesync import arrive_acq_rel, bcast0, ld2, st2
+from ..primitives import (SIMULATOR, arrive_acq_rel, bcast0, cp_async16, cp_async16_at,
+                          cp_async16_hint, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
+                          cp_async_wait_3, cp_async_wait_all, evict_first_policy, exp2,
+                          grid_dependency_wait, grid_launch_dependents, ld2, ldmatrix_x4,
+                          ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, st2, syncwarp)
+from .decode_split import cache_slot, split_keys
 from .jitcache import jit_kernel
-from .l2hints import cp_async16_hint, evict_first_policy
-from .warp import (SIMULATOR, cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1,
-                   cp_async_wait_2, cp_async_wait_3, cp_async_wait_all, exp2, ldmatrix_x4,
-                   ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, syncwarp)
 
-if SIMULATOR:
-    def grid_dependency_wait():
-        """No-op in the simulator (one grid at a time)."""
-
-    def grid_launch_dependents():
-        """No-op in the simulator."""
-else:
-    from .warp import _bare_asm_intrinsic
-
-    # Programmatic dependent launch (sm_90+): wait until the grids this one depends on have
-    # finished and their memory is visible (returns at once when launched without the PDL
-    # attribute); then let the next grid on the stream be scheduled early.
-    grid_dependency_wait = _bare_asm_intrinsic("griddepcontrol.wait;")
-    grid_launch_dependents = _bare_asm_intrinsic("griddepcontrol.launch_dependents;")
-
-__all__ = ["make_mma_decode_kernel", "mma_decode_supported", "mma_smem_bytes", "MMA_ROWS",
-           "CLUSTER_MAX_SPLITS"]
+__all__ = ["make_mma_decode_kernel", "mma_decode_supported", "mma_smem_bytes", "MMA_ROWS"]
 
 MMA_ROWS = 16
-# Splits of one cluster merge: 16 blocks is H100's largest (non-portable) cluster.
-CLUSTER_MAX_SPLITS = 16
 LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
-
-
-def _jit(fn, config):
-    # On-disk caching, one cache index per configuration (jitcache.py).
-    return jit_kernel(fn, config)
 
 
 def mma_decode_supported(head_dim: int) -> bool:
@@ -91,8 +67,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                            has_right: bool, has_sinks: bool, has_softcap: bool, has_tree: bool,
                            direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
                            fold: bool = False, pdl: bool = False, page_pow2: int = 0,
-                           pdl_late: bool = False, new_tail: bool = True,
-                           full_lens: bool = False, cluster: bool = False,
+                           pdl_late: bool = False, full_lens: bool = False,
                            stream_hint: bool = False):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
@@ -125,20 +100,12 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     pages) then copy from offsets computed once per lane plus one ``block_table`` load per
     page of the tile (the "fast copy"); other tiles take the general per-copy lookup.
 
-    ``new_tail`` (with splits): the cheaper tail (docs/decode.md, "Folded merge"): 8-byte
-    partial-state stores, one acquire-release ``atom`` by lane 0 after ``__syncwarp`` instead of
-    a ``__threadfence`` (fence.sc) by every lane on each side, the last warp's own state taken
-    from registers, and a max-then-reduce-scatter combination of the lane groups. False keeps
-    the previous tail (NUMBA_FLASH_DECODE_TAIL=old, for A/B timings).
+    The folded merge's tail (docs/decode.md, "Folded merge"): 8-byte partial-state stores, one
+    acquire-release ``atom`` by lane 0 after ``__syncwarp``, the last warp's own state taken
+    from registers, and a max-then-reduce-scatter combination of the lane groups.
 
     ``full_lens``: every sequence fills the cache (``cache_seqlens=None``): the length is the
     capacity, ``cache_seqlens`` is not read, and the first copies wait for no load.
-
-    ``cluster`` (sm_90 and later, with splits, one warp per block): the grid's x extent is
-    ``n_splits`` (2..CLUSTER_MAX_SPLITS) and is launched as one thread-block cluster per
-    (batch item, kv head, chunk). The splits merge through distributed shared memory after a
-    cluster barrier (``cuda/cluster.py``): no partial states in global memory, no counters,
-    no last-warp election; o_part, lse_part and counters are not touched.
 
     ``stream_hint``: the fast copies fill L2 under an evict-first policy (``l2hints.py``), so
     the K/V stream, read once, does not push out of L2 what every call reuses (block table,
@@ -162,7 +129,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     ROWS = NW * S * BN
     QF, SF, OF = KS * 4, NS * 4, ND * 4     # fragment registers: Q, scores, output
     MF = 2 * ND                   # folded merge: one row's output pairs per lane
-    NEW_TAIL = bool(new_tail) and not direct
     # New tail: reduce-scatter levels of the merge's group combination that keep whole output
     # pairs in a lane (MF >> RS stays even): min(3, the power of two dividing ND).
     RS = 0
@@ -171,9 +137,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     H0, H1, H2 = MF // 2, MF // 4, MF // 8
     NR = MF >> RS                 # values a lane holds after RS scatter levels
     BF16 = bool(is_bf16)
-    CLUSTER = bool(cluster) and not direct
-    FOLD = bool(fold) and not direct and not CLUSTER
-    MAXS = CLUSTER_MAX_SPLITS     # cluster merge: splits read per output pair (predicated)
+    FOLD = bool(fold) and not direct
     HD = D // 2                   # output pairs per row
     PDL = bool(pdl)
     PDL_LATE = PDL and bool(pdl_late)
@@ -197,9 +161,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
         raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, warps {NW} at "
                          f"head_dim {D} (block_n a multiple of 16, stages 2..4, K/V rings within "
                          f"48 KB of shared memory)")
-    if CLUSTER and (NW != 1 or S * BN * KW < 16 * D):
-        raise ValueError(f"the cluster merge needs one warp per block and a K ring of at least "
-                         f"16 fp32 rows of head_dim {D}, got block_n {BN}, stages {S}, warps {NW}")
 
     def kernel(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part, lse_part,
                counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out,
@@ -553,104 +514,28 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
         if l1 > 0:
             inv1 = np.float32(1.0) / l1
             lse1 = (m1 + math.log2(l1)) * np.float32(LN2)
-        if CLUSTER:
-            # Cluster merge: the n_splits warps (one per block) of this chunk form one cluster.
-            # Each puts its normalised state in its own ring (fp32, row r at words
-            # r * D .. r * D + D - 1 of the K ring, lse of row r at word r of the V ring), the
-            # cluster barrier publishes them, and every lane of the cluster then merges output
-            # pairs of the chunk from all splits through distributed shared memory, in split
-            # order (bitwise reproducible). A second barrier keeps every block's shared memory
-            # alive until the last remote read is done.
-            cp_async_wait_all()
-            syncwarp()         # every lane's ldmatrix reads of the ring precede the overwrite
-            if live0:
-                for dn in range(ND):
-                    f = g * D + dn * 8 + 2 * t
-                    fr = f // KW
-                    st_smem_f2(ks, fr, f - fr * KW, acc[dn * 4] * inv0, acc[dn * 4 + 1] * inv0)
-                if t == 0:
-                    st_smem_f1(vs, g // KW, g - (g // KW) * KW, lse0)
-            if live1:
-                for dn in range(ND):
-                    f = (g + 8) * D + dn * 8 + 2 * t
-                    fr = f // KW
-                    st_smem_f2(ks, fr, f - fr * KW, acc[dn * 4 + 2] * inv1,
-                               acc[dn * 4 + 3] * inv1)
-                if t == 0:
-                    st_smem_f1(vs, (g + 8) // KW, (g + 8) - ((g + 8) // KW) * KW, lse1)
-            cluster_sync()
-            lv = cuda.local.array(MAXS, types.float32)
-            ov0 = cuda.local.array(MAXS, types.float32)
-            ov1 = cuda.local.array(MAXS, types.float32)
-            for idx in range(cuda.blockIdx.x * 32 + lane, chunk_rows * HD, n_splits * 32):
-                r = idx // HD
-                c = (idx - r * HD) * 2
-                f = r * D + c
-                fr = f // KW
-                fc = f - fr * KW
-                lr = r // KW
-                lc = r - lr * KW
-                # All loads first (independent, in flight together), then the arithmetic.
-                for sp in range(MAXS):
-                    lv[sp] = np.float32(NEG_INF)
-                    ov0[sp] = np.float32(0.0)
-                    ov1[sp] = np.float32(0.0)
-                    if sp < n_splits:
-                        lv[sp] = ld_dsmem_f1(vs, lr, lc, sp)
-                        x0, x1 = ld_dsmem_f2(ks, fr, fc, sp)
-                        ov0[sp] = x0
-                        ov1[sp] = x1
-                mx = np.float32(NEG_INF)
-                for sp in range(MAXS):
-                    mx = max(mx, lv[sp])
-                mu = mx if mx != NEG_INF else np.float32(0.0)
-                tot = np.float32(0.0)
-                o0 = np.float32(0.0)
-                o1 = np.float32(0.0)
-                for sp in range(MAXS):
-                    w = exp2((lv[sp] - mu) * np.float32(LOG2E))    # 0 for empty / absent splits
-                    tot += w
-                    o0 += w * ov0[sp]
-                    o1 += w * ov1[sp]
-                inv = np.float32(0.0)
-                if tot > 0:
-                    inv = np.float32(1.0) / tot
-                rr = chunk * 16 + r
-                gi = rr // seqlen_q
-                sq = rr - gi * seqlen_q
-                hh = hk * heads_ratio + gi
-                out[b, sq, hh, c >> 1] = pack16(BF16, o0 * inv, o1 * inv)
-                if write_lse and c == 0:
-                    lse[b, hh, sq] = mu + math.log(tot) if tot > 0 else NEG_INF
-            cluster_sync()     # no block leaves while another still reads its shared memory
-        if live0 and not CLUSTER:
+        if live0:
             for dn in range(ND):
                 if direct:
                     out[b, s0, h0, dn * 4 + t] = pack16(BF16, acc[dn * 4] * inv0,
                                                         acc[dn * 4 + 1] * inv0)
-                elif NEW_TAIL:
+                else:
                     st2(o_part, split, b, s0, h0, dn * 8 + 2 * t, acc[dn * 4] * inv0,
                         acc[dn * 4 + 1] * inv0)
-                else:
-                    o_part[split, b, s0, h0, dn * 8 + 2 * t] = acc[dn * 4] * inv0
-                    o_part[split, b, s0, h0, dn * 8 + 2 * t + 1] = acc[dn * 4 + 1] * inv0
             if t == 0:
                 if direct:
                     if write_lse:
                         lse[b, h0, s0] = lse0
                 else:
                     lse_part[split, b, h0, s0] = lse0
-        if live1 and not CLUSTER:
+        if live1:
             for dn in range(ND):
                 if direct:
                     out[b, s1, h1, dn * 4 + t] = pack16(BF16, acc[dn * 4 + 2] * inv1,
                                                         acc[dn * 4 + 3] * inv1)
-                elif NEW_TAIL:
+                else:
                     st2(o_part, split, b, s1, h1, dn * 8 + 2 * t, acc[dn * 4 + 2] * inv1,
                         acc[dn * 4 + 3] * inv1)
-                else:
-                    o_part[split, b, s1, h1, dn * 8 + 2 * t] = acc[dn * 4 + 2] * inv1
-                    o_part[split, b, s1, h1, dn * 8 + 2 * t + 1] = acc[dn * 4 + 3] * inv1
             if t == 0:
                 if direct:
                     if write_lse:
@@ -658,92 +543,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                 else:
                     lse_part[split, b, h1, s1] = lse1
 
-        if FOLD and not NEW_TAIL:
-            cuda.threadfence()     # this lane's partial state is visible device-wide ...
-            syncwarp()             # ... for every lane, before lane 0 signals
-            cidx = b * cuda.gridDim.z + cuda.blockIdx.z
-            if lane == 0:          # the (now idle) ring's first word broadcasts the arrival
-                ks[ring, 0] = np.uint32(cuda.atomic.add(counters, cidx, 1))
-            syncwarp()
-            if ks[ring, 0] == np.uint32(n_splits - 1):
-                # Last warp of the chunk: merge every split's state of the chunk's rows. The
-                # 8 lane groups g share the rows: ``G = 8 / RP`` groups per row (RP = live rows
-                # rounded up to a power of two, at most 8; 16 rows take two passes), each
-                # taking every G-th split, two splits per iteration with all their loads issued
-                # together (the loop is latency-bound), then a reduction over the G groups
-                # (xor shuffles of lane bits 2..4). Lane t keeps the words dn * 4 + t.
-                cuda.threadfence()
-                rl = chunk_rows
-                rp = 1
-                while rp < rl and rp < 8:
-                    rp *= 2
-                G = 8 // rp
-                lg = 0
-                while (1 << lg) < G:
-                    lg += 1
-                slot = g // G
-                j = g - slot * G
-                macc = cuda.local.array(MF, types.float32)
-                for ps in range(2):
-                    if ps == 0 or rl > 8:
-                        r = ps * 8 + slot
-                        live = r < rl
-                        rr = chunk * 16 + r
-                        gi = rr // seqlen_q
-                        sq = rr - gi * seqlen_q
-                        hh = hk * heads_ratio + gi
-                        # Online merge (running max m, rescaled sums): one pass over the
-                        # splits; exp2(-inf) = 0 makes empty splits and padding weigh nothing.
-                        m = np.float32(NEG_INF)
-                        tot = np.float32(0.0)
-                        for e in range(MF):
-                            macc[e] = np.float32(0.0)
-                        if live:
-                            for sp in range(j, n_splits, 2 * G):
-                                okb = sp + G < n_splits
-                                spb = sp + G if okb else sp
-                                la = lse_part[sp, b, hh, sq]
-                                lb = lse_part[spb, b, hh, sq]
-                                lb = lb if okb else np.float32(NEG_INF)
-                                mn = max(m, max(la, lb))
-                                mu = mn if mn != NEG_INF else np.float32(0.0)
-                                sc = exp2((m - mu) * np.float32(LOG2E))
-                                wa = exp2((la - mu) * np.float32(LOG2E))
-                                wb = exp2((lb - mu) * np.float32(LOG2E))
-                                m = mn
-                                tot = tot * sc + wa + wb
-                                for dn in range(ND):
-                                    c = dn * 8 + 2 * t
-                                    macc[2 * dn] = (macc[2 * dn] * sc
-                                                    + wa * o_part[sp, b, sq, hh, c]
-                                                    + wb * o_part[spb, b, sq, hh, c])
-                                    macc[2 * dn + 1] = (macc[2 * dn + 1] * sc
-                                                        + wa * o_part[sp, b, sq, hh, c + 1]
-                                                        + wb * o_part[spb, b, sq, hh, c + 1])
-                        for lv in range(lg):
-                            mo = shfl_xor(m, 4 << lv)
-                            mn = max(m, mo)
-                            mu = mn if mn != NEG_INF else np.float32(0.0)
-                            sa = exp2((m - mu) * np.float32(LOG2E))
-                            sb = exp2((mo - mu) * np.float32(LOG2E))
-                            m = mn
-                            tot = tot * sa + shfl_xor(tot, 4 << lv) * sb
-                            for e in range(MF):
-                                macc[e] = macc[e] * sa + shfl_xor(macc[e], 4 << lv) * sb
-                        mu = m if m != NEG_INF else np.float32(0.0)
-                        if live and j == 0:
-                            inv = np.float32(0.0)
-                            if tot > 0:
-                                inv = np.float32(1.0) / tot
-                            for dn in range(ND):
-                                out[b, sq, hh, dn * 4 + t] = pack16(BF16, macc[2 * dn] * inv,
-                                                                    macc[2 * dn + 1] * inv)
-                            if write_lse and t == 0:
-                                lse[b, hh, sq] = mu + math.log(tot) if tot > 0 else NEG_INF
-                if lane == 0:
-                    counters[cidx] = 0
-
-        if FOLD and NEW_TAIL:
+        if FOLD:
             # Arrival. Memory-model argument (PTX ISA, "Memory Consistency Model"):
             # * Release: every lane's partial-state stores above precede this __syncwarp
             #   (bar.warp.sync, which orders memory among the lanes taking part), which precedes
@@ -927,6 +727,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                 if lane == 0:
                     counters[cidx] = 0
 
-    return _jit(kernel, ("decode_mma", head_dim, is_bf16, paged, has_left, has_right, has_sinks,
+    return jit_kernel(kernel, ("decode_mma", head_dim, is_bf16, paged, has_left, has_right, has_sinks,
                          has_softcap, has_tree, direct, write_lse, block_n, stages, warps, fold,
-                         pdl, PAGE, PDL_LATE, NEW_TAIL, FULL_LENS, CLUSTER))
+                         pdl, PAGE, PDL_LATE, FULL_LENS))

@@ -1,5 +1,5 @@
-"""Decode-only device primitives for the folded merge's tail (decode_mma.py), with pure-Python
-stand-ins for Numba's CUDA simulator (which runs no inline PTX; see warp.py).
+"""Memory-ordering and paired global accesses for the folded merge of split-KV decode (its tail in
+kernels/decode_mma.py), with pure-Python stand-ins for the simulator (base.py).
 
 * ``arrive_acq_rel(counters, i)``: ``atom.acq_rel.gpu.global.add.u32`` of 1 on ``counters[i]``
   (int32), returning the old value. One lane of a warp calls it after ``__syncwarp()``; the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .warp import SIMULATOR
+from .base import SIMULATOR
 
 __all__ = ["arrive_acq_rel", "bcast0", "st2", "ld2"]
 
@@ -25,7 +25,7 @@ if not SIMULATOR:
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    from .warp import _item_pointer_i64
+    from .base import item_pointer_i64
 
     _F32 = types.float32
 
@@ -36,7 +36,7 @@ if not SIMULATOR:
         sig = types.int32(ary, idx)
 
         def codegen(context, builder, sig, args):
-            addr = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:2],
+            addr = item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:2],
                                      args[1:2])
             i32 = ir.IntType(32)
             fnty = ir.FunctionType(i32, [ir.IntType(64)])
@@ -59,7 +59,7 @@ if not SIMULATOR:
         sig = types.void(ary, i0, i1, i2, i3, i4, _F32, _F32)
 
         def codegen(context, builder, sig, args):
-            addr = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:6],
+            addr = item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:6],
                                      args[1:6])
             f32 = ir.FloatType()
             fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), f32, f32])
@@ -78,7 +78,7 @@ if not SIMULATOR:
         sig = types.UniTuple(_F32, 2)(ary, i0, i1, i2, i3, i4)
 
         def codegen(context, builder, sig, args):
-            addr = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:6],
+            addr = item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:6],
                                      args[1:6])
             f32 = ir.FloatType()
             fnty = ir.FunctionType(ir.LiteralStructType([f32, f32]), [ir.IntType(64)])
@@ -97,7 +97,7 @@ if not SIMULATOR:
 else:
     import threading
 
-    from .warp import _collective
+    from .base import collective
 
     _ATOMIC = threading.Lock()
 
@@ -114,7 +114,7 @@ else:
 
     def bcast0(x):
         """Lane 0's ``x`` on every lane of the warp."""
-        return _collective(x, _from_lane0)
+        return collective(x, _from_lane0)
 
     def st2(ary, i0, i1, i2, i3, i4, a, b):
         """``ary[i0, i1, i2, i3, i4:i4+2] = a, b``."""

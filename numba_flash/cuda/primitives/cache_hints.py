@@ -1,5 +1,5 @@
-"""L2 cache hints for streaming copies (decode_mma.py's fast copies), with no-op stand-ins for
-Numba's CUDA simulator (which runs no inline PTX; see warp.py).
+"""L2 cache hints for streaming copies (the decode kernel's fast copies), with no-op stand-ins for
+Numba's CUDA simulator (which runs no inline PTX; see base.py).
 
 * ``evict_first_policy()``: a 64-bit L2 cache policy (``createpolicy.fractional
   .L2::evict_first.b64``, fraction 1.0): lines filled under it are the first to be evicted.
@@ -7,11 +7,11 @@ Numba's CUDA simulator (which runs no inline PTX; see warp.py).
   small, reused data (block tables, sequence lengths, queries, partial states, arrival
   counters) in L2 from one call to the next instead of behind 100+ MB of dead K/V lines.
 * ``cp_async16_hint(dst, di, dj, src, word_offset, src_bytes, policy)``: ``cp_async16_at``
-  (warp.py) with the policy attached (``cp.async.cg.shared.global.L2::cache_hint``).
+  (cp_async.py) with the policy attached (``cp.async.cg.shared.global.L2::cache_hint``).
 """
 from __future__ import annotations
 
-from .warp import SIMULATOR
+from .base import SIMULATOR
 
 __all__ = ["evict_first_policy", "cp_async16_hint"]
 
@@ -20,7 +20,7 @@ if not SIMULATOR:
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    from .warp import _TO_SHARED, _item_pointer_i64, _offset_pointer_i64
+    from .base import TO_SHARED, item_pointer_i64, offset_pointer_i64
 
     @intrinsic
     def evict_first_policy(typingctx):
@@ -42,15 +42,15 @@ if not SIMULATOR:
         sig = types.void(dst, di, dj, src, word_offset, src_bytes, policy)
 
         def codegen(context, builder, sig, args):
-            d = _item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:3],
+            d = item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:3],
                                   args[1:3])
-            g = _offset_pointer_i64(context, builder, sig.args[3], args[3], sig.args[4],
+            g = offset_pointer_i64(context, builder, sig.args[3], args[3], sig.args[4],
                                     args[4])
             n = context.cast(builder, args[5], sig.args[5], types.int32)
             pol = context.cast(builder, args[6], sig.args[6], types.uint64)
             i64 = ir.IntType(64)
             fnty = ir.FunctionType(ir.VoidType(), [i64, i64, ir.IntType(32), i64])
-            text = _TO_SHARED % (
+            text = TO_SHARED % (
                 0, "cp.async.cg.shared.global.L2::cache_hint [s], [$1], 16, $2, $3;")
             asm = ir.InlineAsm(fnty, text, "l,l,r,l,~{memory}", side_effect=True)
             builder.call(asm, [d, g, n, pol])
@@ -61,7 +61,7 @@ if not SIMULATOR:
 else:
     import numpy as np
 
-    from .warp import cp_async16_at
+    from .cp_async import cp_async16_at
 
     def evict_first_policy():
         """A placeholder policy: the simulator has no L2."""

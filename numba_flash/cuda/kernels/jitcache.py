@@ -15,7 +15,7 @@ import hashlib
 
 from numba import cuda
 
-from .warp import SIMULATOR
+from ..primitives import SIMULATOR
 
 __all__ = ["jit_kernel", "config_qualname"]
 

@@ -14,19 +14,14 @@ import numpy as np
 from numba import cuda
 
 from .jitcache import jit_kernel
-from .warp import pack_bf16, pack_f16
+from ..primitives import pack_bf16, pack_f16
 
-__all__ = ["make_merge_kernel", "MERGE_THREADS", "OUT_F32", "OUT_F16", "OUT_BF16"]
+__all__ = ["make_merge_kernel", "merge_kernel", "MERGE_THREADS", "OUT_F32", "OUT_F16", "OUT_BF16"]
 
 MERGE_THREADS = 128
 OUT_F32, OUT_F16, OUT_BF16 = 0, 1, 2
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-
-
-def _jit(fn, config):
-    # On-disk caching, one cache index per configuration (jitcache.py).
-    return jit_kernel(fn, config)
 
 
 def make_merge_kernel(out_mode: int, write_lse: bool):
@@ -80,7 +75,7 @@ def make_merge_kernel(out_mode: int, write_lse: bool):
         if write_lse and w == 0:
             lse[b, h, s] = mu + math.log(tot) if tot > 0 else NEG_INF
 
-    return _jit(kernel, ("merge", out_mode, write_lse))
+    return jit_kernel(kernel, ("merge", out_mode, write_lse))
 
 
 _KERNELS: dict = {}
@@ -92,39 +87,3 @@ def merge_kernel(out_mode: int, write_lse: bool):
     if key not in _KERNELS:
         _KERNELS[key] = make_merge_kernel(out_mode, write_lse)
     return _KERNELS[key]
-
-
-def launch_merge(o_part, lse_part, out, lse, *, out_mode: int, write_lse: bool, stream):
-    """Launch the merge on kernel arrays (see ``make_merge_kernel`` for shapes)."""
-    width = out.shape[3]
-    items = out.shape[0] * out.shape[1] * out.shape[2] * width
-    if items == 0:
-        return
-    blocks = (items + MERGE_THREADS - 1) // MERGE_THREADS
-    merge_kernel(out_mode, write_lse)[blocks, MERGE_THREADS, stream](o_part, lse_part, out, lse)
-
-
-def merge_states_cuda(o, lse, *, stream=None):
-    """Merge n states held in GPU arrays (or NumPy arrays under the simulator).
-
-    o: float32 (n, B, S, H, D), each state normalised; lse: float32 (n, B, H, S), natural log,
-    -inf for empty states. Returns (o, lse): float32 (B, S, H, D) and float32 (B, H, S), arrays
-    of the inputs' kind, on ``stream`` or the caller's current stream (no synchronisation).
-    """
-    from . import launch
-
-    kind = launch._array_kind(o)
-    if launch._array_kind(lse) != kind:
-        raise TypeError(f"o and lse must be the same kind of array, got {type(o).__name__} and "
-                        f"{type(lse).__name__}")
-    for name, x in (("o", o), ("lse", lse)):
-        if launch._dtype_name(x) != "float32":
-            raise TypeError(f"{name} must be float32 on the GPU, got {launch._dtype_name(x)} (merge "
-                            f"partial states in fp32; cast with .astype(float32))")
-    n, b, s, h, d = o.shape
-    out = launch._empty_like_kind(kind, o, (b, s, h, d), "float32")
-    lse_out = launch._empty_like_kind(kind, o, (b, h, s), "float32")
-    args = [launch._kernel_array(x, kind, False) for x in (o, lse, out, lse_out)]
-    launch_stream = launch._resolve_stream(stream, kind, o)
-    launch_merge(*args, out_mode=OUT_F32, write_lse=True, stream=launch_stream)
-    return out, lse_out

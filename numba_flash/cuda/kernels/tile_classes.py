@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .warp import SIMULATOR
+from ..primitives import SIMULATOR
 
 __all__ = ["SKIP", "PARTIAL", "FULL", "MINMAX_FIELDS", "interval_class", "tile_minmax",
            "tile_minmax_into", "classify_intervals", "classify_bitmask", "classify_mask_mod",

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from numba import cuda
 
-from .tiles import FULL, SKIP, interval_class
-from .warp import ballot
+from ..primitives import SIMULATOR, ballot
+from .tile_classes import FULL, SKIP, interval_class
 
 __all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes", "key_tiles",
            "interval_visible", "interval_visible2", "bit_visible", "always_visible",
-           "score_unchanged"]
+           "score_unchanged", "mask_mod_device", "score_mod_device", "LOG2E", "LN2"]
 
 NONE, INTERVALS, BITMASK, MASK_MOD = 0, 1, 2, 3
 
@@ -110,3 +110,26 @@ def chunk_classes(kind, mm, tab, tb, qtile, base, lane, tile_lo, tile_hi, sink_t
     if (t >= tile_lo and t <= tile_hi) or t < sink_tiles:
         cls = tile_class(kind, mm, tab, tb, qtile, t, a, b)
     return ballot(cls != SKIP), ballot(cls == FULL)
+
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+_ALWAYS = None if SIMULATOR else cuda.jit(device=True)(always_visible)
+_UNCHANGED = None if SIMULATOR else cuda.jit(device=True)(score_unchanged)
+
+
+def mask_mod_device(mask_mod):
+    """The device function of a user's ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (None: every
+    pair visible), as the kernels call it."""
+    if mask_mod is None:
+        return always_visible if SIMULATOR else _ALWAYS
+    return mask_mod if SIMULATOR else cuda.jit(device=True)(mask_mod)
+
+
+def score_mod_device(score_mod):
+    """The device function of a user's ``score_mod(score, b, h, q_idx, kv_idx) -> float`` (None:
+    scores unchanged)."""
+    if score_mod is None:
+        return score_unchanged if SIMULATOR else _UNCHANGED
+    return score_mod if SIMULATOR else cuda.jit(device=True)(score_mod)

@@ -8,7 +8,7 @@ index divisible by 4) issues ``wgmma.mma_async.m64nNk16``: D (64 x N, float32) +
 
 Register layouts (PTX ISA, "Register fragment layout for wgmma .m64nNk16"): warp ``w`` of the
 warpgroup owns rows ``16 w .. 16 w + 15``; within a warp, accumulator registers ``4 j .. 4 j + 3``
-cover columns ``8 j .. 8 j + 7`` exactly as mma.sync m16n8's C fragment (warp.py's docstring), and
+cover columns ``8 j .. 8 j + 7`` exactly as mma.sync m16n8's C fragment (mma.py's docstring), and
 an A operand held in registers is mma.sync m16n8k16's A fragment. So the forward kernel's score,
 probability and output fragments keep the layout of its mma.sync path.
 
@@ -34,7 +34,7 @@ path there.
 """
 from __future__ import annotations
 
-from .warp import SIMULATOR
+from .base import SIMULATOR
 
 __all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async4_to", "lds_i32x2",
            "fence_proxy_async", "wgmma_fence",
@@ -46,7 +46,7 @@ if not SIMULATOR:
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    from .warp import _bare_asm_intrinsic, _item_pointer_i64
+    from .base import bare_asm_intrinsic, item_pointer_i64
 
     _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
@@ -91,7 +91,7 @@ if not SIMULATOR:
 
         def codegen(context, builder, sig, args):
             d = context.cast(builder, args[0], sig.args[0], types.uint32)
-            g = _item_pointer_i64(context, builder, sig.args[1], args[1], sig.args[2:6], args[2:6])
+            g = item_pointer_i64(context, builder, sig.args[1], args[1], sig.args[2:6], args[2:6])
             n = context.cast(builder, args[6], sig.args[6], types.int32)
             fnty = ir.FunctionType(ir.VoidType(), [_I32, _I64, _I32])
             asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;",
@@ -109,7 +109,7 @@ if not SIMULATOR:
 
         def codegen(context, builder, sig, args):
             d = context.cast(builder, args[0], sig.args[0], types.uint32)
-            g = _item_pointer_i64(context, builder, sig.args[1], args[1], sig.args[2:4], args[2:4])
+            g = item_pointer_i64(context, builder, sig.args[1], args[1], sig.args[2:4], args[2:4])
             n = context.cast(builder, args[4], sig.args[4], types.int32)
             fnty = ir.FunctionType(ir.VoidType(), [_I32, _I64, _I32])
             asm = ir.InlineAsm(fnty, "cp.async.ca.shared.global [$0], [$1], 4, $2;",
@@ -135,9 +135,9 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    fence_proxy_async = _bare_asm_intrinsic("fence.proxy.async.shared::cta;")
-    wgmma_fence = _bare_asm_intrinsic("wgmma.fence.sync.aligned;")
-    wgmma_commit = _bare_asm_intrinsic("wgmma.commit_group.sync.aligned;")
+    fence_proxy_async = bare_asm_intrinsic("fence.proxy.async.shared::cta;")
+    wgmma_fence = bare_asm_intrinsic("wgmma.fence.sync.aligned;")
+    wgmma_commit = bare_asm_intrinsic("wgmma.commit_group.sync.aligned;")
 
     def _load_all(context, builder, aryty, aryval, n):
         ary = context.make_array(aryty)(context, builder, aryval)

@@ -25,10 +25,10 @@ from numba import cuda
 from numba_flash_reference.intervals import NotRepresentableError
 from numba_flash_reference.masks import IntersectionMask, MaskModMask
 
-from . import tiles
+from ..kernels import tile_classes as tiles
 from .device import current_device_id
-from .maskdev import BITMASK, INTERVALS, MASK_MOD, NONE
-from .warp import SIMULATOR
+from ..kernels.masking import BITMASK, INTERVALS, MASK_MOD, NONE
+from ..primitives import SIMULATOR
 
 __all__ = ["MaskPlan", "plan_mask", "dummy_arrays", "mask_encoding"]
 

@@ -1,0 +1,237 @@
+"""What the runtime needs to know about the caller's arrays: their kind (NumPy under the
+simulator, CuPy, PyTorch, any ``__cuda_array_interface__``), dtype, pointer, shape, strides and
+device, read without copying; and outputs allocated as the same kind of array (CuPy's pool,
+PyTorch's caching allocator). This is the only module of the package that knows array
+libraries; kernels see flat Numba arrays.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from ...arrays import dtype_name as _cached_dtype_name
+from ..primitives import SIMULATOR
+
+__all__ = ["HALF_NAMES", "FULL_NAMES", "SUPPORTED_HEAD_DIMS", "array_kind", "dtype_name",
+           "interface", "gpu_inputs", "kernel_array", "as_words", "empty_like_kind",
+           "flat_array", "InterfaceView", "BFloat16Array", "nullcontext"]
+
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+HALF_NAMES = {"float16": False, "bfloat16": True}     # name -> is bfloat16
+FULL_NAMES = {"float32": False, "float64": True}      # name -> is float64
+
+
+def array_kind(x) -> str:
+    """'numpy', 'cupy', 'torch' or 'cai' (anything else with __cuda_array_interface__)."""
+    mod = type(x).__module__.split(".")[0]
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if mod == "cupy":
+        return "cupy"
+    if mod == "torch":
+        return "torch"
+    if hasattr(x, "__cuda_array_interface__"):
+        return "cai"
+    raise TypeError(f"q, k, v must be GPU arrays (CuPy, PyTorch CUDA tensors or objects with "
+                    f"__cuda_array_interface__), got {type(x).__name__}")
+
+
+def dtype_name(x) -> str:
+    if type(x).__module__.split(".")[0] == "torch":
+        return str(x.dtype).replace("torch.", "")
+    name = _cached_dtype_name(x.dtype) if hasattr(x, "dtype") else "void16"
+    if name == "void16":  # a bare "<V2" interface: bfloat16, as numba_flash.arrays reads it
+        from ...arrays import describe
+
+        name = describe(x, "array").dtype.name
+    return name
+
+
+def interface(x, kind: str):
+    """(pointer, shape, strides in bytes, itemsize, device id) of an array, without copying."""
+    if kind == "numpy":
+        return x.ctypes.data, x.shape, x.strides, x.itemsize, 0
+    if kind == "torch":  # torch has no __cuda_array_interface__ for bfloat16
+        size = x.element_size()
+        return (x.data_ptr(), tuple(x.shape), tuple(s * size for s in x.stride()), size,
+                x.device.index)
+    if kind == "cupy":
+        return x.data.ptr, x.shape, x.strides, x.itemsize, x.device.id
+    cai = x.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    itemsize = int(cai["typestr"][2:])
+    strides = cai.get("strides")
+    if strides is None:  # C-contiguous
+        strides, acc = [], itemsize
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+    ptr = cai["data"][0]
+    return ptr, shape, tuple(strides), itemsize, pointer_device(ptr)
+
+
+def pointer_device(ptr: int):
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.pointerGetAttributes(ptr).device
+    except Exception:  # no CuPy: trust the caller's current device
+        return None
+
+
+
+def gpu_inputs(q, k, v, lead: bool = False):
+    """GPU-specific checks of q, k, v (``lead``: packed varlen arrays, checked as batch 1):
+    (kind, dtype name, device id, the arrays' interfaces ((pointer, shape, strides, itemsize,
+    device) of q, k, v as given), which the direct launch reuses instead of reading them again."""
+    kinds = [array_kind(x) for x in (q, k, v)]
+    if len(set(kinds)) != 1:
+        raise TypeError(f"q, k, v must be the same kind of array, got {kinds}")
+    kind = kinds[0]
+    if kind == "numpy" and not SIMULATOR:
+        raise TypeError("NumPy inputs run on the CUDA backend only under Numba's simulator "
+                        "(NUMBA_ENABLE_CUDASIM=1); use backend='cpu' or pass GPU arrays")
+    names = [dtype_name(x) for x in (q, k, v)]
+    if len(set(names)) != 1:
+        raise TypeError(f"q, k, v must share one dtype, got q {names[0]}, k {names[1]}, v {names[2]}")
+    if names[0] not in HALF_NAMES and names[0] not in FULL_NAMES:
+        raise TypeError(f"q, k, v dtype must be float16, bfloat16, float32 or float64, got {names[0]}")
+    devices, interfaces = [], []
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        info = interface(x, kind)
+        interfaces.append(info)
+        ptr, shape, strides, itemsize, device = info
+        if lead:
+            shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
+        if len(shape) != 4:
+            raise ValueError(f"{name} must have 4 dimensions (batch, seqlen, heads, head_dim), "
+                             f"got shape {shape}")
+        if shape[3] > 1 and strides[3] != itemsize:
+            raise ValueError(f"{name} must have a contiguous head_dim (last stride {itemsize} bytes), "
+                             f"got strides {strides} bytes; call .contiguous() / ascontiguousarray")
+        devices.append(device)
+    known = {d for d in devices if d is not None}
+    if len(known) > 1:
+        raise ValueError(f"q, k, v must be on one device, got devices q {devices[0]}, "
+                         f"k {devices[1]}, v {devices[2]}")
+    head_dim = q.shape[-1]
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} on the GPU, got {head_dim} "
+                         "(pad q, k, v with zeros to the next supported size: zero columns change "
+                         "no score, then slice the output)")
+    return kind, names[0], (known.pop() if known else None), interfaces
+
+
+def kernel_array(x, kind: str, as_words: bool, lead: bool = False):
+    """The array the kernel reads: x itself, or a uint32 view of pairs along head_dim; with
+    ``lead`` a leading axis of length 1 is added (packed varlen arrays seen as batch 1)."""
+    if kind == "numpy":
+        # The simulator copies plain ndarrays and insists on contiguity; its own array wrapper
+        # shares the memory with any strides.
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        x = x[None] if lead else x
+        return FakeCUDAArray(x.view(np.uint32) if as_words else x)
+    ptr, shape, strides, itemsize, _ = interface(x, kind)
+    if lead:
+        shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
+    if as_words:
+        shape, strides = as_words(ptr, shape, strides)
+        typestr = "<u4"
+    else:
+        typestr = np.dtype(dtype_name(x)).str
+    desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
+            "data": (ptr, False), "version": 3, "stream": None}
+    return cuda.from_cuda_arrayinterface(desc, owner=x, sync=False)
+
+
+def as_words(ptr, shape, strides):
+    """Shape and byte strides of the uint32 view (pairs along head_dim) of a 16-bit array."""
+    if ptr % 4 or any(s % 4 for s in strides[:3]):
+        raise ValueError("16-bit inputs must be 4-byte aligned (pointer and strides) so that "
+                         "pairs along head_dim form 32-bit words; make a contiguous copy")
+    return tuple(shape[:3]) + (shape[3] // 2,), tuple(strides[:3]) + (4,)
+
+
+def empty_like_kind(kind: str, like, shape, name: str, zero: bool = False, fill=None):
+    """A new array of ``like``'s kind and device, dtype ``name``, C-contiguous: uninitialised,
+    or zeros (``zero``), or filled with ``fill``. CuPy bfloat16 inputs get CuPy bfloat16 (CuPy
+    >= 14 stores ml_dtypes.bfloat16); other bfloat16 interfaces get uint16 storage."""
+    out = _new_array(kind, like, shape, name, zero)
+    if fill is not None and not zero:
+        out[...] = fill
+    return out
+
+
+def _new_array(kind, like, shape, name, zero):
+    if kind == "numpy":
+        dt = like.dtype if name == dtype_name(like) else name
+        return np.zeros(shape, dtype=dt) if zero else np.empty(shape, dtype=dt)
+    if kind == "torch":
+        import torch
+
+        make = torch.zeros if zero else torch.empty
+        return make(shape, dtype=getattr(torch, name), device=like.device)
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+    if cupy is not None:
+        make = cupy.zeros if zero else cupy.empty
+        if name != "bfloat16":
+            return make(shape, dtype=name)
+        return make(shape, dtype=like.dtype if kind == "cupy" else np.uint16)
+    out = cuda.device_array(shape, dtype=np.uint16 if name == "bfloat16" else name)
+    if zero:
+        out[...] = 0
+    return out
+
+
+
+
+def flat_array(ptr, shape, strides, itemsize):
+    """(layout, parameters) of a Numba array argument: meminfo, parent, size, itemsize, data,
+    shape..., strides... (all intptr). Layout 'C' when the strides are C-contiguous (size-1
+    dimensions ignored, as Numba does), else 'A'."""
+    size, expect, contiguous = 1, itemsize, True
+    for n, st in zip(reversed(shape), reversed(strides)):
+        size *= n
+        if n != 1:
+            contiguous = contiguous and st == expect
+            expect *= n
+    return ("C" if contiguous else "A"), [0, 0, size, itemsize, ptr, *shape, *strides]
+
+
+# The mask, varlen and alibi arguments of a plain launch: never read (compile-time off), passed
+
+
+class InterfaceView:
+    """Device memory described by a ``__cuda_array_interface__`` dict alone (no copy, no Numba
+    wrapper), keeping its ``owner`` alive: an array the direct launch reshapes (ALiBi slopes
+    broadcast to (batch, heads_q))."""
+
+    def __init__(self, interface: dict, owner):
+        self.__cuda_array_interface__ = interface
+        self.owner = owner
+
+
+
+class nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class BFloat16Array:
+    """bfloat16 output for generic ``__cuda_array_interface__`` inputs: the interface has no
+    bfloat16 type string, so ``storage`` (uint16 bits) is exposed with typestr ``<V2``. CuPy
+    bfloat16 inputs (CuPy >= 14) get a CuPy bfloat16 array instead, PyTorch ones a tensor."""
+
+    def __init__(self, storage):
+        self.storage = storage
+        self.shape = tuple(storage.shape)
+        cai = dict(storage.__cuda_array_interface__)
+        cai["typestr"] = "<V2"
+        self.__cuda_array_interface__ = cai

@@ -1,0 +1,367 @@
+"""The forward's runtime: ``attention_cuda`` (a validated call -> kernel configuration -> launch
+plan -> launch) and ``attention_fast``, the repeated call's path.
+
+A first call of a configuration picks the kernel (kernels/forward_*.py, compiled or loaded from
+Numba's disk cache once), builds its mask inputs (maskplan.py) and a ``LaunchPlan`` (driver.py)
+whose parameter block holds everything but the caller's data pointers, and records the plan
+under the call's signature: array kind, shapes, strides, dtypes, device and every keyword.
+A later call with the same signature (``attention_fast``, tried by ``numba_flash.attention``
+before any validation: the signature is what validation depends on) only allocates the outputs
+with the caller's allocator, writes the pointers and launches on the caller's stream. Under
+Numba's simulator the kernels run through Numba's dispatcher on NumPy arrays.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from numba.cuda import types
+
+from ..kernels import forward_geometry as geometry
+from ..kernels.forward_fma import make_fma_kernel
+from ..kernels.forward_mma import make_mma_kernel
+from ..kernels.masking import NONE
+from ..primitives import SIMULATOR
+from .arrays import (FULL_NAMES, HALF_NAMES, BFloat16Array, as_words, empty_like_kind,
+                     gpu_inputs, interface, kernel_array)
+from .device import compute_capability, current_device_id
+from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, current_device
+from .driver import raise_dynamic_smem_limit
+from .fastpath import FastCall, call_key, fast_table, register_fast
+from .maskplan import dummy_arrays, plan_mask
+from .streams import numba_stream, raw_stream_handle
+
+__all__ = ["attention_cuda", "attention_fast", "window_flags", "kernel_for", "tile_shape",
+           "dynamic_smem_bytes", "compiled_kernel_count"]
+
+_KERNELS: dict = {}
+_FAST_CALLS = fast_table("attention")
+LOG2E = 1.0 / math.log(2.0)
+
+
+# NUMBA_FLASH_WGMMA=0 (read once, at import) keeps compute-capability 9.0 devices on the
+# mma.sync path, for comparisons; by default they take wgmma at head_dim 64 and 128.
+_WGMMA_ALLOWED = os.environ.get("NUMBA_FLASH_WGMMA", "1") != "0"
+
+
+def wgmma_device() -> bool:
+    """Whether the current device takes the wgmma path: a compute-capability 9.0 GPU (H100,
+    H200; Numba compiles for sm_90a there), not the simulator, and ``NUMBA_FLASH_WGMMA`` not
+    set to 0 when the package was imported."""
+    if SIMULATOR or not _WGMMA_ALLOWED:
+        return False
+    return compute_capability(current_device_id()) == (9, 0)
+
+
+def _wgmma(dtype_name: str, head_dim: int) -> bool:
+    """Whether this call's kernel is the wgmma path (float16 / bfloat16 at head_dim 64 or 128 on
+    a compute-capability 9.0 device)."""
+    return dtype_name in HALF_NAMES and head_dim in geometry.WG_HEAD_DIMS and wgmma_device()
+
+
+def dynamic_smem_bytes(dtype_name: str, head_dim: int) -> int:
+    """Dynamic shared memory of this configuration's kernel (0: static shared memory only)."""
+    if not _wgmma(dtype_name, head_dim):
+        return 0
+    return geometry.wgmma_smem_bytes(head_dim, geometry.mma_block_n(head_dim, True))
+
+
+def tile_shape(dtype_name: str, head_dim: int) -> tuple[int, int]:
+    """(block_m, block_n) of the kernel for this dtype and head_dim (what tile tables use)."""
+    if dtype_name in HALF_NAMES:
+        wg = _wgmma(dtype_name, head_dim)
+        return geometry.mma_block_m(head_dim, wg), geometry.mma_block_n(head_dim, wg)
+    itemsize = 8 if FULL_NAMES[dtype_name] else 4
+    return geometry.fma_block_m(head_dim, itemsize), geometry.fma_block_n(head_dim, itemsize)
+
+
+def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
+               has_softcap: bool, write_lse: bool, mask_kind: int = NONE,
+               varlen: bool = False, has_alibi: bool = False, mask_mod=None, score_mod=None):
+    """The (cached) kernel and its launch geometry (block_m, threads) for one configuration."""
+    wg = _wgmma(dtype_name, head_dim)
+    key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
+           mask_kind, varlen, has_alibi, mask_mod, wg, score_mod)
+    entry = _KERNELS.get(key)
+    if entry is None:
+        extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod,
+                     score_mod=score_mod)
+        _, block_n = tile_shape(dtype_name, head_dim)
+        flags = (has_left, has_right, has_sinks, has_softcap, write_lse, block_n)
+        if dtype_name in HALF_NAMES:
+            kern = make_mma_kernel(head_dim, HALF_NAMES[dtype_name], *flags,
+                                   m_tiles=geometry.mma_m_tiles(head_dim, wg), wgmma=wg, **extra)
+            entry = (kern, geometry.mma_block_m(head_dim, wg), geometry.mma_threads(wg))
+        else:
+            kern = make_fma_kernel(head_dim, FULL_NAMES[dtype_name], *flags, **extra)
+            itemsize = 8 if FULL_NAMES[dtype_name] else 4
+            entry = (kern, geometry.fma_block_m(head_dim, itemsize),
+                     geometry.fma_threads(head_dim, itemsize))
+        _KERNELS[key] = entry
+    return entry
+
+
+def compiled_kernel_count() -> int:
+    """Number of machine-code specialisations held in this process (for cache tests)."""
+    if SIMULATOR:
+        return len(_KERNELS)
+    return sum(len(k.overloads) for k, _, _ in _KERNELS.values())
+
+
+def window_flags(causal: bool, window_size, sinks: int, softcap):
+    """The compile-time mask switches of the kernels and the window bounds they read.
+
+    Returns ``(left, right, has_left, has_right, has_sinks, has_softcap)``: causal is the window
+    right bound 0 (bottom-right aligned); sinks only matter with a bounded left side; softcap
+    None or 0 is off.
+    """
+    left, right = (int(w) for w in window_size)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    has_left, has_right = left >= 0, right >= 0
+    has_sinks = has_left and int(sinks) > 0
+    has_softcap = softcap is not None and float(softcap) > 0
+    return left, right, has_left, has_right, has_sinks, has_softcap
+
+
+def _scalars(dtype_name, softmax_scale, softcap, has_softcap):
+    """(scale, scale / cap, cap) as the kernel takes them (base 2 in the 16-bit kernels)."""
+    scale = float(softmax_scale)
+    cap = float(softcap) if has_softcap else 1.0
+    if dtype_name in HALF_NAMES:
+        return (scale * LOG2E, scale / cap, cap * LOG2E), types.float32
+    return (scale, scale / cap, cap), (types.float64 if FULL_NAMES[dtype_name] else types.float32)
+
+
+class _Problem:
+    """One call's geometry and switches, as the runtime needs them (built once per call of the
+    slow path)."""
+
+    def __init__(self, q, k, v, options, varlen):
+        self.lead = varlen is not None
+        if self.lead:
+            _, self.heads_q, self.head_dim = q.shape
+            self.heads_kv = k.shape[1]
+            self.batch, self.seqlen_q = varlen.batch, varlen.max_seqlen_q
+            self.seqlen_k = varlen.max_seqlen_k
+            self.out_shape, self.lse_shape = tuple(q.shape), (self.heads_q, q.shape[0])
+        else:
+            self.batch, self.seqlen_q, self.heads_q, self.head_dim = q.shape
+            _, self.seqlen_k, self.heads_kv, _ = k.shape
+            self.out_shape = (self.batch, self.seqlen_q, self.heads_q, self.head_dim)
+            self.lse_shape = (self.batch, self.heads_q, self.seqlen_q)
+        o = options
+        (self.left, self.right, self.has_left, self.has_right, self.has_sinks,
+         self.has_softcap) = window_flags(o["causal"], o["window_size"], o["sinks"], o["softcap"])
+        self.sinks = int(o["sinks"])
+        self.varlen, self.mask, self.alibi = varlen, o["mask"], o.get("alibi_slopes")
+        self.score_mod, self.return_lse = o.get("score_mod"), bool(o["return_lse"])
+        self.softmax_scale, self.softcap = o["softmax_scale"], o["softcap"]
+
+    @property
+    def empty(self) -> bool:
+        return self.batch * self.seqlen_q * self.heads_q == 0 or 0 in self.out_shape
+
+
+def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, window_size=(-1, -1),
+                   sinks: int = 0, mask=None, softcap=None, return_lse: bool = False, stream=None,
+                   alibi_slopes=None, varlen=None, score_mod=None, fast=None):
+    """FlashAttention forward on the GPU (or Numba's simulator for NumPy inputs).
+
+    q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
+    dtype among float16, bfloat16 (tensor cores, fp32 accumulation), float32, float64 (exact
+    CUDA-core paths); any strides with a contiguous head_dim; head_dim in 32, 64, 96, 128, 256.
+    Returns out of the inputs' kind and dtype, (batch, seqlen_q, heads_q, head_dim) contiguous,
+    or (out, lse) with lse float32 (batch, heads_q, seqlen_q), natural-log, -inf for rows that
+    see no key. Runs on ``stream`` or the caller's current stream; returns without
+    synchronising. mask: a ``numba_flash.masks`` object (maskplan.py); alibi_slopes: float32
+    (Hq,) or (B, Hq) on the device; varlen: a ``numba_flash.varlen.Varlen`` (q (total_q, Hq,
+    D), k / v (total_k, Hkv, D); out the same, lse (Hq, total_q)); score_mod: the user's
+    ``fn(score, b, h, q_idx, kv_idx)``. ``fast``: (signature, extras) from ``attention_fast``'s
+    miss: the plan is recorded under the signature when the kernel reads exactly those caller
+    arrays (cu_seqlens, ALiBi slopes) as they were given.
+    """
+    kind, dtype_name, device, _ = gpu_inputs(q, k, v, lead=varlen is not None)
+    options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                   sinks=sinks, mask=mask, softcap=softcap, return_lse=return_lse,
+                   alibi_slopes=alibi_slopes, score_mod=score_mod)
+    p = _Problem(q, k, v, options, varlen)
+    fill = p.lead   # rows of packed sequences with no visible key stay 0 / -inf
+    out = empty_like_kind(kind, q, p.out_shape, dtype_name, zero=fill)
+    lse = empty_like_kind(kind, q, p.lse_shape, "float32", fill=-np.inf if fill else None) \
+        if p.return_lse else None
+    if not p.empty:
+        if SIMULATOR:
+            _launch_simulated(kind, dtype_name, p, q, k, v, out, lse)
+        else:
+            plan = _plan(kind, dtype_name, device, p, (q, k, v, out, lse), stream)
+            plan.launch(_pointers(kind, p, q, k, v, out, lse),
+                        raw_stream_handle(stream, kind, q))
+            if fast is not None and fast[0] is not None and _same(fast[1], _caller_extras(p)):
+                register_fast(_FAST_CALLS, fast[0], FastCall(
+                    plan, kind, q, device, p.out_shape, dtype_name, p.lse_shape if
+                    p.return_lse else None, fill, fast[1], dtype_name in HALF_NAMES,
+                    guards=(mask, score_mod)))
+    if kind == "cai" and dtype_name == "bfloat16":
+        out = BFloat16Array(out)
+    return (out, lse) if p.return_lse else out
+
+
+def attention_fast(q, k, v, options, extras, guards, stream):
+    """A repeated call: the plan recorded under this call's signature, launched on its arrays.
+
+    ``options``: the call's keyword values (``numba_flash.attention`` passes them all);
+    ``extras``: its device arrays beyond q, k, v in kernel order (cu_seqlens_q, cu_seqlens_k,
+    alibi_slopes, those given); ``guards``: its mask and score_mod. Returns (result, None) on a
+    hit, else (None, (signature, extras)) for ``attention_cuda`` to record the plan under.
+    """
+    key = call_key("attention", (q, k, v), options)
+    if key is None:
+        return None, None
+    call = _FAST_CALLS.get(key)
+    if call is not None:
+        result = call.run((q, k, v), extras, guards, stream)
+        if result is not None:
+            return result, None
+    return None, (key, extras)
+
+
+def _caller_extras(p):
+    """The device arrays the kernel reads beyond q, k, v (pointer slots, in order)."""
+    extras = []
+    if p.varlen is not None:
+        extras += [p.varlen.cu_q, p.varlen.cu_k]
+    if p.alibi is not None:
+        extras.append(p.alibi)
+    return tuple(extras)
+
+
+def _same(given, used) -> bool:
+    """Whether the kernel reads the caller's arrays themselves (no converted copies)."""
+    return len(given) == len(used) and all(a is b for a, b in zip(given, used))
+
+
+def _pointers(kind, p, q, k, v, out, lse):
+    ptrs = [interface(x, kind)[0] for x in (q, k, v, out)]
+    if lse is not None:
+        ptrs.append(interface(lse, kind)[0])
+    if p.varlen is not None:
+        ptrs += [interface(p.varlen.cu_q, kind)[0], interface(p.varlen.cu_k, kind)[0]]
+    if p.alibi is not None:
+        ptrs.append(interface(p.alibi, kind)[0])
+    return ptrs
+
+
+def _plan(kind, dtype_name, device, p, arrays, stream):
+    """The launch plan of this configuration (built here each time: the fast path caches)."""
+    half = dtype_name in HALF_NAMES
+    block_m, block_n = tile_shape(dtype_name, p.head_dim)
+    mplan = plan_mask(p.mask, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, block_m, block_n,
+                      p.lead, lambda: numba_stream(stream, kind, arrays[0]))
+    kern, block_m, threads = kernel_for(
+        dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
+        p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod)
+    params = [_caller_array(x, kind, half and i < 4, p.lead) for i, x in enumerate(arrays[:4])]
+    if p.return_lse:
+        params.append(_caller_array(arrays[4], kind, False, p.lead))
+    else:  # never written: write_lse is a compile-time False
+        params.append(ArrayParam(types.float32, (1, 1, 1), (4, 4, 4), 4, ptr=0))
+    scalars, float_type = _scalars(dtype_name, p.softmax_scale, p.softcap, p.has_softcap)
+    params += [ScalarParam(types.int64, n) for n in
+               (p.seqlen_q, p.seqlen_k, p.heads_q // p.heads_kv)]
+    params += [ScalarParam(float_type, x) for x in scalars]
+    params += [ScalarParam(types.int64, n) for n in (p.left, p.right, p.sinks)]
+    dummies = dummy_arrays()
+    fixed = [mplan.iv, mplan.mm, mplan.table, mplan.bits]
+    params += [_fixed_array(x) for x in fixed]
+    if p.varlen is not None:
+        params += [_caller_array(x, kind, False) for x in (p.varlen.cu_q, p.varlen.cu_k)]
+    else:
+        params += [_fixed_array(dummies.cu)] * 2
+    if p.alibi is not None:
+        params.append(_alibi_param(p.alibi, kind, p.batch))
+    else:
+        params.append(_fixed_array(dummies.alibi))
+    smem = dynamic_smem_bytes(dtype_name, p.head_dim)
+    cufunc = compile_kernel(kern, params)
+    if smem > 48 * 1024:
+        raise_dynamic_smem_limit(cufunc.handle, smem, current_device())
+    grid = (-(-p.seqlen_q // block_m), p.batch * p.heads_q)
+    return LaunchPlan(cufunc, params, grid, threads, smem, keep=(fixed, dummies))
+
+
+def _caller_array(x, kind, words, lead=False):
+    """ArrayParam of a caller array (pointer per call); ``words``: the uint32 view of a 16-bit
+    array; ``lead``: a packed varlen array seen as batch 1."""
+    ptr, shape, strides, itemsize, _ = interface(x, kind)
+    if lead:
+        shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
+    if words:
+        shape, strides = as_words(ptr, shape, strides)
+        return ArrayParam(types.uint32, shape, strides, 4)
+    return ArrayParam(_ELEM[np.dtype(_dtype_str(x, itemsize)).name], shape, strides, itemsize)
+
+
+def _dtype_str(x, itemsize):
+    dt = getattr(x, "dtype", None)
+    name = str(dt).replace("torch.", "")
+    return name if name in _ELEM else {2: "uint16", 4: "float32", 8: "float64"}[itemsize]
+
+
+_ELEM = {"float16": types.uint16, "bfloat16": types.uint16, "uint16": types.uint16,
+         "float32": types.float32, "float64": types.float64, "int32": types.int32,
+         "int64": types.int64, "uint32": types.uint32, "int8": types.int8}
+
+
+def _fixed_array(x):
+    """ArrayParam of a library-owned device array (its pointer is part of the plan)."""
+    cai = x.__cuda_array_interface__
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides")
+    if strides is None:
+        strides, acc = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+    return ArrayParam(_ELEM[dtype.name], shape, strides, dtype.itemsize, ptr=cai["data"][0])
+
+
+def _alibi_param(slopes, kind, batch):
+    """ALiBi slopes as the kernel's (batch, heads_q) float32 array: a (heads_q,) vector is
+    broadcast (batch stride 0)."""
+    _, shape, strides, _, _ = interface(slopes, kind)
+    if len(shape) == 1:
+        shape, strides = (batch,) + tuple(shape), (0,) + tuple(strides)
+    return ArrayParam(types.float32, shape, strides, 4)
+
+
+def _launch_simulated(kind, dtype_name, p, q, k, v, out, lse):
+    """Numba's dispatcher on NumPy arrays (the simulator's path)."""
+    half = dtype_name in HALF_NAMES
+    block_m, block_n = tile_shape(dtype_name, p.head_dim)
+    mplan = plan_mask(p.mask, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, block_m, block_n,
+                      p.lead, 0)
+    kern, block_m, threads = kernel_for(
+        dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
+        p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod)
+    dummies = dummy_arrays()
+    lse_arg = kernel_array(lse, kind, False, p.lead) if p.return_lse else \
+        kernel_array(np.empty((1, 1, 1), np.float32), kind, False)
+    extra = [mplan.iv, mplan.mm, mplan.table, mplan.bits]
+    if p.varlen is not None:
+        extra += [kernel_array(p.varlen.cu_q, kind, False), kernel_array(p.varlen.cu_k, kind, False)]
+    else:
+        extra += [dummies.cu, dummies.cu]
+    if p.alibi is not None:
+        extra.append(kernel_array(np.ascontiguousarray(np.broadcast_to(
+            np.asarray(p.alibi, dtype=np.float32), (p.batch, p.heads_q))), kind, False))
+    else:
+        extra.append(dummies.alibi)
+    scalars, _ = _scalars(dtype_name, p.softmax_scale, p.softcap, p.has_softcap)
+    fdt = np.float32 if half or not FULL_NAMES[dtype_name] else np.float64
+    args = [kernel_array(x, kind, half, p.lead) for x in (q, k, v, out)]
+    grid = (-(-p.seqlen_q // block_m), p.batch * p.heads_q)
+    kern[grid, threads, 0](*args, lse_arg, p.seqlen_q, p.seqlen_k, p.heads_q // p.heads_kv,
+                           *(fdt(x) for x in scalars), p.left, p.right, p.sinks, *extra)

@@ -1,0 +1,572 @@
+"""Split-KV decode's runtime (FlashDecoding): kernel choice, split heuristics, launch policy,
+the folded merge's counters, and launch plans (driver.py) for the two decode kernels.
+
+float16 / bfloat16 with head_dim a multiple of 16 up to 128 run the tensor-core kernel
+(kernels/decode_mma.py, merge folded in: the last warp of each row chunk merges the splits);
+other head_dims (256) run the CUDA-core kernel (kernels/decode_fma.py), whose splits the merge
+kernel (kernels/merge.py) combines in a second launch. docs/decode.md describes both and the
+measurements behind every constant here.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+from numba.cuda import types
+
+from ..kernels.decode_fma import DECODE_WARPS, MAX_ROWS, decode_kernel
+from ..kernels.decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
+from ..kernels.merge import OUT_BF16, OUT_F16
+from ..primitives import SIMULATOR
+from .arrays import BFloat16Array, as_words, empty_like_kind, gpu_inputs, interface, kernel_array
+from .attention import window_flags
+from .device import compute_capability, current_device_id, sm_count
+from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, stream_is_capturing
+from .driver import raise_dynamic_smem_limit
+from .merge import merge_plan, merge_simulated
+from .streams import raw_stream_handle
+
+__all__ = ["decode_cuda", "auto_num_splits", "auto_num_splits_mma", "mma_tile",
+           "tree_row_bits", "GraphCaptureError", "LAST_PLAN"]
+
+MIN_KEYS_PER_SPLIT = 256
+WAVES = 2            # "auto" aims at this many blocks per multiprocessor (resident at ~240 regs)
+MAX_SPLITS = 128
+# (keys per tile, cp.async stages, warps per block) and the warps per multiprocessor "auto"
+# aims at, from the H100 and H200 sweeps in docs/decode.md. Paged caches with power-of-two
+# pages take the same fast copies as contiguous ones plus one block_table load per page of a
+# tile, and one more warp per multiprocessor to cover that load; other page sizes look every
+# key's page up per copy (instruction-bound): 16-key tiles, three stages, more warps.
+MMA_TILE = (32, 2, 1)
+MMA_WARPS_PER_SM = 3
+MMA_WARPS_PER_SM_PAGED = 4
+MMA_TILE_PAGED_ANY = (16, 3, 1)
+MMA_WARPS_PER_SM_PAGED_ANY = 8
+SHORT_SPLIT_KEYS = 1024      # fewer keys per split than this: one more warp per SM
+LAST_PLAN: dict = {}         # splits and tile of the last decode_cuda call (benchmarks read it)
+_MMA_KERNELS: dict = {}
+_DUMMIES: dict = {}
+_TREES: dict = {}
+_COUNTERS: dict = {}
+_KERNEL_PADS: dict = {}
+
+
+def mma_tile(head_dim: int, paged: bool = False, pow2_pages: bool = True):
+    """(block_n, stages, warps) of the tensor-core kernel (``pow2_pages``: the page size of a
+    paged cache is a power of two)."""
+    return MMA_TILE_PAGED_ANY if paged and not pow2_pages else MMA_TILE
+
+
+def auto_num_splits(blocks: int, keys: int, sm_count: int) -> int:
+    """Splits of the key range so that the grid fills the device in one wave.
+
+    ``blocks``: blocks without splitting (B * heads_kv * row_chunks); ``keys``: an upper bound
+    of the keys one block visits (the cache capacity, or the window's extent). The most splits
+    whose grid still fits ``WAVES * sm_count`` resident blocks (rounding down: a partial second
+    wave costs nearly a whole one), at least MIN_KEYS_PER_SPLIT keys per split, at most
+    MAX_SPLITS. Returns 1 (no merge) when the grid is already full.
+    """
+    want = (WAVES * sm_count) // max(blocks, 1)
+    by_len = max(1, keys // MIN_KEYS_PER_SPLIT)
+    return int(max(1, min(want, by_len, MAX_SPLITS)))
+
+
+def auto_num_splits_mma(units: int, keys: int, sm_count: int,
+                        warps_per_sm: int = MMA_WARPS_PER_SM, short_keys: int = SHORT_SPLIT_KEYS
+                        ) -> int:
+    """Splits for the tensor-core kernel, whose unit of work is one warp.
+
+    ``units``: warps without splitting (B * heads_kv * row_chunks); ``keys``: an upper bound of
+    the keys a unit visits. The most splits whose warps stay within ``warps_per_sm * sm_count``
+    (rounding down); if a split would then hold fewer than ``short_keys`` keys (a short call,
+    where the per-warp start and the merge weigh more), one more warp per multiprocessor. At
+    least MIN_KEYS_PER_SPLIT keys per split, at most MAX_SPLITS; 1 when the units alone fill
+    the target. The H100 sweep (docs/decode.md) peaks at about 3 warps per multiprocessor for
+    contiguous caches (~400 warps; one warp keeps 16-32 KB of copies in flight).
+    """
+    units = max(units, 1)
+    want = (warps_per_sm * sm_count) // units
+    if want > 1 and short_keys and keys // want < short_keys:
+        want = ((warps_per_sm + 1) * sm_count) // units
+    by_len = max(1, keys // MIN_KEYS_PER_SPLIT)
+    return int(max(1, min(want, by_len, MAX_SPLITS)))
+
+
+def _launch_policy(core_kernel, threads: int, blocks: int, sm_count: int):
+    """(pdl, pad, late) of the automatic launch (H100 A/B, docs/decode.md "Launch policy").
+
+    Programmatic dependent launch lets the next call's blocks be placed while this call runs;
+    they then wait in ``griddepcontrol.wait``. That saves the gap between back-to-back calls
+    when the placement stays even, and costs up to 17 points of bandwidth when it does not (the
+    blocks pile onto the multiprocessors with room). So:
+
+    * a grid of more than one wave: no PDL;
+    * a grid whose next copy fits in the room this one leaves (2 x blocks within the device's
+      blocks at once): PDL, the next grid lands evenly at once;
+    * otherwise PDL with a multiprocessor capped at this grid's own ``ceil(blocks / SMs)``
+      blocks (by the occupancy itself, or by a shared-memory pad), so the next grid's blocks
+      only take the places of finished ones; without such a cap, no PDL. Here ``late``: the
+      kernel signals ``launch_dependents`` after its key loop (the next grid is placed during
+      this one's merge), which the A/B measured as good or better than the early signal for
+      capped grids, and worse for the grids of the previous case.
+    """
+    try:
+        per_sm = core_kernel.occupancy.max_active_blocks_per_multiprocessor(threads, 0)
+    except Exception:  # noqa: BLE001 - no occupancy query: plain launches
+        return False, 0, False
+    if blocks > per_sm * sm_count:
+        return False, 0, False
+    if 2 * blocks <= per_sm * sm_count:
+        return True, 0, False
+    if per_sm == -(-blocks // sm_count):
+        return True, 0, True
+    pad = _cap_pad(core_kernel, threads, blocks, sm_count)
+    return (True, pad, True) if pad else (False, 0, False)
+
+
+def _cap_pad(core_kernel, threads: int, blocks: int, sm_count: int) -> int:
+    """The least dynamic shared memory (a multiple of 1 KB) with which a multiprocessor holds
+    at most ``ceil(blocks / sm_count)`` blocks of ``core_kernel`` (cuda.core's occupancy
+    query); 0 when its occupancy is already that low, or when no pad gives exactly that cap."""
+    occupancy = core_kernel.occupancy.max_active_blocks_per_multiprocessor
+    cap = -(-blocks // sm_count)
+    if occupancy(threads, 0) <= cap:
+        return 0
+    # Only pads within the default dynamic limit (48 KB of shared memory per block in all):
+    # beyond it the query answers 0 until the kernel's limit is raised.
+    for pad in range(1024, 48 * 1024, 1024):
+        n = occupancy(threads, pad)
+        if n <= cap:
+            return pad if n == cap else 0
+    return 0
+
+
+class GraphCaptureError(RuntimeError):
+    """A decode call inside a CUDA graph capture needs a buffer that cannot be made there."""
+
+
+# Folded-merge counters of calls made while a stream is being captured into a CUDA graph: one
+# buffer per capture (the graph may be replayed on any stream, any time, so it shares its
+# counters with nothing else), kept for the life of the process. Memory cannot be allocated
+# during a capture, so each comes from a reserve of zeroed buffers made outside captures.
+_SPARE_COUNTERS: dict = {}
+SPARE_COUNTERS = 2
+
+
+def _capture_id(handle):
+    """The id of the CUDA graph capture in progress on the stream of int ``handle``
+    (a raw handle), or None when it is not capturing (or cannot be asked)."""
+    if handle is None:
+        return None
+    try:
+        from cuda.bindings import driver
+    except ImportError:         # without the bindings, no capture can be detected
+        return None
+    res = driver.cuStreamGetCaptureInfo(driver.CUstream(handle))
+    if res[0] != driver.CUresult.CUDA_SUCCESS or \
+            res[1] != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+        return None
+    return int(res[2])
+
+
+def _top_up_spares(device, n):
+    """Keep SPARE_COUNTERS zeroed buffers of at least n entries ready for captures."""
+    spares = _SPARE_COUNTERS.setdefault(device, [])
+    spares[:] = [b for b in spares if b.shape[0] >= n]
+    while len(spares) < SPARE_COUNTERS:
+        spares.append(cuda.to_device(np.zeros(max(n, 1024), dtype=np.int32)))
+
+
+def _counters(kind, device, n, stream):
+    """int32 zeros (>= n) for the folded merge's arrival counters, one buffer per (device,
+    stream): every launch leaves them at zero again, and launches on one stream are ordered.
+    Launches on different streams get different buffers; a call inside a CUDA graph capture
+    gets its capture's own buffer (from the reserve: see ``_SPARE_COUNTERS``)."""
+    if kind == "numpy" or SIMULATOR:
+        return np.zeros(max(n, 1), dtype=np.int32)
+    handle = stream
+    capture = _capture_id(handle)
+    if capture is not None:
+        key = (device, "capture", capture)
+        buf = _COUNTERS.get(key)
+        if buf is None or buf.shape[0] < n:
+            spares = [b for b in _SPARE_COUNTERS.get(device, []) if b.shape[0] >= n]
+            if not spares:
+                raise GraphCaptureError(
+                    f"numba_flash.decode inside a CUDA graph capture needs {n} merge counters "
+                    f"and none were set aside: make one decode call of this size (or larger) "
+                    f"outside the capture first, e.g. the usual warm-up before capturing")
+            buf = spares[0]
+            _SPARE_COUNTERS[device].remove(buf)
+            _COUNTERS.setdefault(("old",), []).append(_COUNTERS.get(key))
+            _COUNTERS[key] = buf
+        return buf
+    key = (device, handle)
+    if handle is None:       # a stream we cannot identify: fresh zeros, never shared
+        return cuda.to_device(np.zeros(max(n, 1), dtype=np.int32))
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.shape[0] < n:
+        size = max(n, 1024, 2 * (buf.shape[0] if buf is not None else 0))
+        buf = cuda.to_device(np.zeros(size, dtype=np.int32))     # synchronous: zeros first
+        _COUNTERS.setdefault(("old",), []).append(_COUNTERS.get(key))   # never freed mid-flight
+        _COUNTERS[key] = buf
+    spares = _SPARE_COUNTERS.get(device)
+    if spares is None or len(spares) < SPARE_COUNTERS or min(b.shape[0] for b in spares) < n:
+        _top_up_spares(device, n)
+    return buf
+
+
+
+def _dummy(device, shape, dtype):
+    """A small zeroed device array for an argument the configuration never reads."""
+    if SIMULATOR:
+        return np.zeros(shape, dtype=dtype)
+    key = (device, shape, np.dtype(dtype).str)
+    if key not in _DUMMIES:
+        _DUMMIES[key] = cuda.to_device(np.zeros(shape, dtype=dtype))
+    return _DUMMIES[key]
+
+
+def tree_row_bits(parents: np.ndarray, seqlen_q: int) -> np.ndarray:
+    """uint32 (seqlen_q, 2): bit t of row s set iff tree node t is query s's node or an ancestor.
+
+    Query s is node ``s - seqlen_q + len(parents)`` (the queries are the last nodes); a query
+    outside the tree sees no node. At most 64 nodes.
+    """
+    n = len(parents)
+    anc = np.zeros((n, n), dtype=bool)
+    for node in range(n):
+        if node:
+            anc[node] = anc[parents[node]]
+        anc[node, node] = True
+    bits = np.zeros((seqlen_q, 2), dtype=np.uint32)
+    for s in range(seqlen_q):
+        tq = s - seqlen_q + n
+        if 0 <= tq < n:
+            word = sum(1 << t for t in range(n) if anc[tq, t])
+            bits[s, 0] = word & 0xFFFFFFFF
+            bits[s, 1] = word >> 32
+    return bits
+
+
+def _tree_array(device, parents, seqlen_q):
+    bits = tree_row_bits(parents, seqlen_q)
+    if SIMULATOR:
+        return bits
+    key = (device, bits.tobytes(), seqlen_q)
+    if key not in _TREES:
+        _TREES[key] = cuda.to_device(bits)
+    return _TREES[key]
+
+
+
+def mma_decode_kernel(*config):
+    """The cached tensor-core decode kernel for one ``make_mma_decode_kernel`` configuration."""
+    if config not in _MMA_KERNELS:
+        _MMA_KERNELS[config] = make_mma_decode_kernel(*config)
+    return _MMA_KERNELS[config]
+
+
+class _Decode:
+    """One decode call's geometry and choices (kernel, tile, splits, merge)."""
+
+    def __init__(self, q, k_cache, v_cache, block_table, cache_seqlens, options, device, kernel,
+                 tile, stream_hint):
+        self.batch, self.seqlen_q, self.heads_q, self.head_dim = q.shape
+        self.heads_kv = k_cache.shape[2]
+        self.paged = block_table is not None
+        self.ratio = self.heads_q // self.heads_kv
+        m_rows = self.ratio * self.seqlen_q
+        self.pow2_pages = not self.paged or k_cache.shape[1] & (k_cache.shape[1] - 1) == 0
+        self.use_mma = mma_decode_supported(self.head_dim) and kernel != "fma"
+        if self.use_mma:
+            self.tile = tile or mma_tile(self.head_dim, self.paged, self.pow2_pages)
+            self.chunks, self.rows = -(-m_rows // MMA_ROWS), MMA_ROWS
+        else:
+            self.tile = None
+            self.chunks = -(-m_rows // MAX_ROWS)
+            self.rows = -(-m_rows // self.chunks)
+        self.page_size = k_cache.shape[1] if self.paged else 1
+        self.capacity = block_table.shape[1] * self.page_size if self.paged else k_cache.shape[1]
+        pow2 = self.page_size & (self.page_size - 1) == 0
+        self.page_shift = self.page_size.bit_length() - 1 if pow2 else -1
+        self.page_pow2 = self.page_size if self.paged and pow2 else 0
+        self.full_lens = cache_seqlens is None
+        o = options
+        (self.left, self.right, self.has_left, self.has_right, self.has_sinks,
+         self.has_softcap) = window_flags(o["causal"], o["window_size"], o["sinks"], o["softcap"])
+        self.sinks = int(o["sinks"])
+        self.tree = o["tree_parents"]
+        self.tree_len = len(self.tree) if self.tree is not None else 0
+        self.return_lse = bool(o["return_lse"])
+        self.splits = self._splits(o["num_splits"], device)
+        self.direct = self.splits == 1
+        self.stream_hint = (self.chunks == 1) if stream_hint is None else bool(stream_hint)
+        scale, cap = float(o["softmax_scale"]), float(o["softcap"]) if self.has_softcap else 1.0
+        log2e = 1.0 / math.log(2.0)
+        self.floats = (scale * log2e, scale / cap, cap * log2e)
+
+    def _splits(self, num_splits, device) -> int:
+        if num_splits != "auto":
+            return int(num_splits)
+        keys = self.capacity
+        if self.has_left:
+            keys = min(keys, self.left + self.seqlen_q + max(self.right, 0) + self.sinks)
+        units = self.batch * self.heads_kv * self.chunks
+        if not self.use_mma:
+            return auto_num_splits(units, keys, sm_count(device))
+        if self.paged:
+            wps = MMA_WARPS_PER_SM_PAGED if self.pow2_pages else MMA_WARPS_PER_SM_PAGED_ANY
+            return auto_num_splits_mma(units, keys, sm_count(device), wps, 0)
+        return auto_num_splits_mma(units, keys, sm_count(device))
+
+    @property
+    def ints2(self):
+        return (self.left, self.right, self.sinks, self.tree_len, self.page_size,
+                self.page_shift)
+
+
+def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scale: float,
+                causal=True, window_size=(-1, -1), sinks=0, tree_parents=None, softcap=None,
+                num_splits="auto", return_lse=False, stream=None, kernel="auto", tile=None,
+                stream_hint=None):
+    """Split-KV decode on the GPU (arguments already validated by ``numba_flash.decode``).
+
+    q (B, Sq, Hq, D) float16/bfloat16; k_cache, v_cache (B, S_max, Hkv, D) or paged
+    (num_pages, page_size, Hkv, D) with block_table int32 (B, max_pages); cache_seqlens int32
+    (B,) or None (every sequence fills the cache); all of one array kind. tree_parents: int
+    array of a draft tree (<= 64 nodes, the last keys of each sequence) or None. Returns out
+    (B, Sq, Hq, D) in q's dtype, and lse float32 (B, Hq, Sq) with ``return_lse``. Launches on
+    ``stream`` or the current stream. For tests and tuning: ``kernel="fma"`` takes the CUDA-core
+    kernel at any head_dim, ``tile`` (block_n, stages, warps) overrides the tensor-core tile,
+    ``stream_hint`` forces the evict-first L2 hint on or off.
+    """
+    kind, dtype_name, device, interfaces = gpu_inputs(q, k_cache, v_cache)
+    if dtype_name not in ("float16", "bfloat16"):
+        raise TypeError(f"decode on the GPU takes float16 or bfloat16 q / k_cache / v_cache, got "
+                        f"{dtype_name}; use NumPy arrays (CPU mode) for float32 / float64")
+    for name, (ptr, _, strides, _, _) in (("k_cache", interfaces[1]), ("v_cache", interfaces[2])):
+        if ptr % 16 or any(st % 16 for st in strides[:3]):
+            raise ValueError(f"{name} must be 16-byte aligned (pointer and the strides of its first "
+                             f"three axes) for vector loads, got strides {tuple(strides)} bytes; "
+                             f"make a contiguous copy")
+    options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                   sinks=sinks, tree_parents=tree_parents, softcap=softcap,
+                   num_splits=num_splits, return_lse=return_lse)
+    d = _Decode(q, k_cache, v_cache, block_table, cache_seqlens, options, device, kernel, tile,
+                stream_hint)
+    if d.full_lens and not d.use_mma:       # the CUDA-core kernel always reads lengths
+        cache_seqlens = _full_lengths(kind, q, d.batch, d.capacity)
+        d.full_lens = False
+    out = empty_like_kind(kind, q, (d.batch, d.seqlen_q, d.heads_q, d.head_dim), dtype_name)
+    lse = empty_like_kind(kind, q, (d.batch, d.heads_q, d.seqlen_q), "float32") \
+        if d.return_lse else None
+    LAST_PLAN.update(splits=d.splits, tile=d.tile, merge="direct" if d.direct else
+                     "fold" if d.use_mma else "kernel")
+    if d.batch * d.seqlen_q * d.heads_q:
+        is_bf16 = dtype_name == "bfloat16"
+        if SIMULATOR:
+            _decode_simulated(kind, d, is_bf16, q, k_cache, v_cache, block_table, cache_seqlens,
+                              out, lse, device)
+        else:
+            _decode_gpu(kind, d, is_bf16, q, k_cache, v_cache, block_table, cache_seqlens, out,
+                        lse, device, raw_stream_handle(stream, kind, q))
+    if kind == "cai" and dtype_name == "bfloat16":
+        out = BFloat16Array(out)
+    return (out, lse) if d.return_lse else out
+
+
+def _full_lengths(kind, like, batch, capacity):
+    """int32 (batch,) device array of ``capacity``: every sequence fills the cache."""
+    lengths = empty_like_kind(kind, like, (batch,), "int32")
+    lengths[...] = capacity
+    return lengths
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 256
+
+
+def _caller(x, kind, words=False):
+    """ArrayParam of a caller array (its pointer is written per call)."""
+    ptr, shape, strides, itemsize, _ = interface(x, kind)
+    if words:
+        shape, strides = as_words(ptr, shape, strides)
+        return ArrayParam(types.uint32, shape, strides, 4), ptr
+    elem = {4: types.float32 if _is_float(x) else types.int32, 2: types.uint16}[itemsize]
+    return ArrayParam(elem, shape, strides, itemsize), ptr
+
+
+def _is_float(x) -> bool:
+    return "float" in str(getattr(x, "dtype", ""))
+
+
+def _fixed(x, elem):
+    """ArrayParam of a library-owned Numba device array (pointer baked into the plan)."""
+    return ArrayParam(elem, x.shape, x.strides, x.dtype.itemsize,
+                      ptr=int(x.__cuda_array_interface__["data"][0]))
+
+
+def _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse, o_part, lse_part,
+                   device):
+    """(params, caller pointers, fixed arrays) of the ten leading kernel arrays."""
+    entries = [_caller(x, kind, True) for x in (q, k, v)]
+    entries.append(_caller(block_table, kind) if d.paged else
+                   (_fixed(_dummy(device, (1, 1), np.int32), types.int32), None))
+    entries.append((_fixed(_dummy(device, (1,), np.int32), types.int32), None) if d.full_lens
+                   else _caller(cache_seqlens, kind))
+    tree = _tree_array(device, np.asarray(d.tree), d.seqlen_q) if d.tree is not None else \
+        _dummy(device, (1, 2), np.uint32)
+    entries.append((_fixed(tree, types.uint32), None))
+    entries.append(_caller(out, kind, True))
+    entries.append(_caller(lse, kind) if lse is not None else
+                   (_fixed(_dummy(device, (1, 1, 1), np.float32), types.float32), None))
+    if o_part is None:
+        entries.append((_fixed(_dummy(device, (1, 1, 1, 1, 1), np.float32), types.float32), None))
+        entries.append((_fixed(_dummy(device, (1, 1, 1, 1), np.float32), types.float32), None))
+    else:
+        entries += [_caller(o_part, kind), _caller(lse_part, kind)]
+    params = [p for p, _ in entries]
+    ptrs = [ptr for _, ptr in entries if ptr is not None]
+    return params, ptrs, (tree,)
+
+
+def _decode_gpu(kind, d, is_bf16, q, k, v, block_table, cache_seqlens, out, lse, device, stream):
+    dev = current_device_id()
+    if device is not None and device != dev:
+        with cuda.gpus[device]:
+            return _decode_gpu(kind, d, is_bf16, q, k, v, block_table, cache_seqlens, out, lse,
+                               device, stream)
+    o_part = lse_part = None
+    if not d.direct:
+        shape = (d.splits, d.batch, d.seqlen_q, d.heads_q, d.head_dim)
+        o_part = empty_like_kind(kind, q, shape, "float32")
+        lse_part = empty_like_kind(kind, q, (d.splits, d.batch, d.heads_q, d.seqlen_q), "float32")
+    params, ptrs, keep = _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse,
+                                        o_part, lse_part, dev)
+    if d.use_mma:
+        plan = _mma_plan(d, is_bf16, params, keep, dev, stream)
+    else:
+        plan = _fma_plan(d, is_bf16, params, keep, dev)
+    plan.launch(ptrs, stream)
+    if not d.direct and not d.use_mma:
+        merge = merge_plan(o_part, lse_part, out, lse, kind, OUT_BF16 if is_bf16 else OUT_F16,
+                           dev)
+        merge.launch([interface(x, kind)[0] for x in (o_part, lse_part, out)] +
+                     ([interface(lse, kind)[0]] if lse is not None else []), stream)
+
+
+def _plan_key(params, extra):
+    geo = tuple((p.numba_type, p.shape, p.strides, p.ptr) if isinstance(p, ArrayParam) else
+                (p.numba_type, p.value) for p in params)
+    return geo + tuple(extra)
+
+
+def _cached_plan(key, build):
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = build()
+    return plan
+
+
+def _mma_plan(d, is_bf16, params, keep, dev, stream):
+    """The tensor-core kernel's plan: folded merge with per-stream counters, and the launch
+    policy (programmatic dependent launch, shared-memory pad) of ``_launch_policy``."""
+    fold = not d.direct
+    counters = _counters("cuda", dev, d.batch * d.heads_kv * d.chunks, stream) if fold else \
+        _dummy(dev, (1,), np.int32)
+    block_n, stages, warps = d.tile
+    pdl_device = compute_capability(dev) >= (9, 0)
+    config = [d.head_dim, is_bf16, d.paged, d.has_left, d.has_right, d.has_sinks,
+              d.has_softcap, d.tree is not None, d.direct, d.return_lse, block_n, stages, warps,
+              fold, pdl_device, d.page_pow2, False, d.full_lens, d.stream_hint]
+    params = params + [_fixed(counters, types.int32)]
+    params += [ScalarParam(types.int64, n) for n in (d.ratio, d.chunks, d.splits)]
+    params += [ScalarParam(types.float32, x) for x in d.floats]
+    params += [ScalarParam(types.int64, n) for n in d.ints2]
+    grid = (-(-d.splits // warps), d.batch, d.heads_kv * d.chunks)
+
+    def build():
+        cufunc = compile_kernel(mma_decode_kernel(*config), params)
+        pdl, pad, late = False, 0, False
+        if pdl_device:
+            blocks = grid[0] * grid[1] * grid[2]
+            pdl, pad, late = _launch_policy(cufunc.kernel, 32 * warps, blocks, sm_count(dev))
+            if late:
+                config[16] = True
+                cufunc = compile_kernel(mma_decode_kernel(*config), params)
+        _raise_pad(cufunc, pad, dev)
+        LAST_PLAN.update(smem_pad=pad, pdl="late" if late else pdl)
+        return LaunchPlan(cufunc, params, grid, 32 * warps, pad, pdl=bool(pdl),
+                          keep=keep + (counters,))
+
+    return _cached_plan(_plan_key(params, ("mma", tuple(config), dev)), build)
+
+
+def _raise_pad(cufunc, pad, dev):
+    """The kernel's dynamic shared-memory limit, only ever raised (plans of one kernel share
+    it: lowering it for a smaller pad made a larger-pad plan's launches fail)."""
+    key = (int(cufunc.handle), dev)
+    if pad > _KERNEL_PADS.get(key, 0):
+        raise_dynamic_smem_limit(cufunc.handle, pad, dev)
+        _KERNEL_PADS[key] = pad
+
+
+def _fma_plan(d, is_bf16, params, keep, dev):
+    """The CUDA-core kernel's plan (its splits merge in a second launch)."""
+    config = (d.head_dim, is_bf16, d.rows, d.paged, d.has_left, d.has_right, d.has_sinks,
+              d.has_softcap, d.tree is not None, d.direct, d.return_lse)
+    params = params + [ScalarParam(types.int64, n) for n in (d.ratio, d.chunks)]
+    params += [ScalarParam(types.float32, x) for x in d.floats]
+    params += [ScalarParam(types.int64, n) for n in d.ints2]
+    grid = (d.splits, d.batch, d.heads_kv * d.chunks)
+
+    def build():
+        cufunc = compile_kernel(decode_kernel(*config), params)
+        return LaunchPlan(cufunc, params, grid, DECODE_WARPS * 32, keep=keep)
+
+    return _cached_plan(_plan_key(params, ("fma", config, dev)), build)
+
+
+def _decode_simulated(kind, d, is_bf16, q, k, v, block_table, cache_seqlens, out, lse, device):
+    """Numba's dispatcher on NumPy arrays (the simulator's path)."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    f32 = np.float32
+    wrap = lambda x, words=False: kernel_array(x, kind, words)  # noqa: E731
+    bt = wrap(block_table) if d.paged else FakeCUDAArray(np.zeros((1, 1), np.int32))
+    sl = FakeCUDAArray(np.zeros(1, np.int32)) if d.full_lens else wrap(cache_seqlens)
+    tree = FakeCUDAArray(_tree_array(device, np.asarray(d.tree), d.seqlen_q) if d.tree is not None
+                         else np.zeros((1, 2), np.uint32))
+    lse_arg = wrap(lse) if lse is not None else FakeCUDAArray(np.zeros((1, 1, 1), np.float32))
+    if d.direct:
+        o_part = FakeCUDAArray(np.zeros((1, 1, 1, 1, 1), np.float32))
+        lse_part = FakeCUDAArray(np.zeros((1, 1, 1, 1), np.float32))
+    else:
+        o_part = FakeCUDAArray(np.empty((d.splits, d.batch, d.seqlen_q, d.heads_q, d.head_dim),
+                                        np.float32))
+        lse_part = FakeCUDAArray(np.empty((d.splits, d.batch, d.heads_q, d.seqlen_q), np.float32))
+    arrays = (wrap(q, True), wrap(k, True), wrap(v, True), bt, sl, tree, wrap(out, True), lse_arg,
+              o_part, lse_part)
+    floats = tuple(f32(x) for x in d.floats)
+    if d.use_mma:
+        block_n, stages, warps = d.tile
+        fold = not d.direct
+        counters = np.zeros(max(d.batch * d.heads_kv * d.chunks, 1), np.int32)
+        kern = mma_decode_kernel(d.head_dim, is_bf16, d.paged, d.has_left, d.has_right,
+                                 d.has_sinks, d.has_softcap, d.tree is not None, d.direct,
+                                 d.return_lse, block_n, stages, warps, fold, False, d.page_pow2,
+                                 False, d.full_lens, d.stream_hint)
+        kern[(-(-d.splits // warps), d.batch, d.heads_kv * d.chunks), 32 * warps, 0](
+            *arrays, counters, d.ratio, d.chunks, d.splits, *floats, *d.ints2)
+        return
+    kern = decode_kernel(d.head_dim, is_bf16, d.rows, d.paged, d.has_left, d.has_right,
+                         d.has_sinks, d.has_softcap, d.tree is not None, d.direct, d.return_lse)
+    kern[(d.splits, d.batch, d.heads_kv * d.chunks), DECODE_WARPS * 32, 0](
+        *arrays, d.ratio, d.chunks, *floats, *d.ints2)
+    if not d.direct:
+        merge_simulated(o_part, lse_part, arrays[6], lse_arg, OUT_BF16 if is_bf16 else OUT_F16,
+                        d.return_lse)

@@ -1,0 +1,197 @@
+"""Launching compiled kernels through the CUDA driver API, with the host work done once.
+
+A ``LaunchPlan`` is one kernel configuration ready to go: the driver handle of the compiled
+kernel, grid, block, dynamic shared memory, and Numba's flattened parameter block (an array
+argument is meminfo, parent, size, itemsize, data pointer, shape..., strides...; scalars follow
+as int64 / float32 / float64). Every parameter sits in one 8-byte slot of a ctypes buffer; a
+call writes only the data pointers of the caller's arrays into their slots and calls
+``cuLaunchKernel`` (``cuLaunchKernelEx`` for a programmatic-dependent launch) through ctypes:
+no argument typing, no Numba device-array wrappers, no allocation. The driver copies the
+parameters at launch, so the buffer is free again when the call returns. Plans are not
+thread-safe: one plan serves one thread at a time (the library's plan caches are per process).
+
+Kernels are compiled (or loaded from Numba's on-disk cache) by ``compile_kernel`` for an
+explicit signature, and launched by handle: a CUkernel (Numba's library loading) launches in
+the calling thread's current context, which the callers check is the arrays' device.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from numba.cuda import types
+
+from ..primitives import SIMULATOR
+
+__all__ = ["ArrayParam", "ScalarParam", "LaunchPlan", "LaunchError", "compile_kernel",
+           "raise_dynamic_smem_limit", "current_device", "stream_is_capturing"]
+
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class LaunchError(RuntimeError):
+    """A driver call of the launch path failed (its CUresult is in the message)."""
+
+
+class ArrayParam:
+    """A kernel array argument: ``numba_type`` (a ``types.Array``), shape and byte strides as
+    the kernel indexes it, itemsize, and ``ptr``: a fixed data pointer (library-owned arrays:
+    placeholders, mask tables, counters) or None when each call supplies it."""
+
+    __slots__ = ("numba_type", "shape", "strides", "itemsize", "ptr")
+
+    def __init__(self, elem_type, shape, strides, itemsize, ptr=None):
+        shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
+        size, expect, contiguous = 1, itemsize, True
+        for n, st in zip(reversed(shape), reversed(strides)):
+            size *= n
+            if n != 1:               # size-1 axes do not break contiguity (as Numba reads it)
+                contiguous = contiguous and st == expect
+                expect *= n
+        self.numba_type = types.Array(elem_type, len(shape), "C" if contiguous else "A")
+        self.shape, self.strides, self.itemsize, self.ptr = shape, strides, itemsize, ptr
+
+    def flat(self):
+        """Numba's flattened parameters with the data pointer 0 when the call supplies it."""
+        size = 1
+        for n in self.shape:
+            size *= n
+        return [0, 0, size, self.itemsize, self.ptr or 0, *self.shape, *self.strides]
+
+
+class ScalarParam:
+    """A scalar kernel argument: a Numba type among int64, float32, float64, and its value."""
+
+    __slots__ = ("numba_type", "value")
+
+    def __init__(self, numba_type, value):
+        self.numba_type, self.value = numba_type, value
+
+
+_DRIVER = {}
+
+
+def _driver():
+    """libcuda's launch entry points through ctypes, loaded once."""
+    if not _DRIVER:
+        lib = ctypes.CDLL("libcuda.so.1")
+        vp, u32 = ctypes.c_void_p, ctypes.c_uint
+        lib.cuLaunchKernel.argtypes = [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp]
+        lib.cuLaunchKernel.restype = ctypes.c_int
+        lib.cuLaunchKernelEx.argtypes = [vp, vp, vp, vp]
+        lib.cuLaunchKernelEx.restype = ctypes.c_int
+        lib.cuCtxGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        lib.cuCtxGetDevice.restype = ctypes.c_int
+        lib.cuStreamIsCapturing.argtypes = [vp, ctypes.POINTER(ctypes.c_int)]
+        lib.cuStreamIsCapturing.restype = ctypes.c_int
+        _DRIVER.update(lib=lib, device=ctypes.c_int(), capturing=ctypes.c_int())
+    return _DRIVER
+
+
+def current_device() -> int:
+    """Ordinal of the calling thread's current device; -1 when no context is current."""
+    if SIMULATOR:
+        return 0
+    d = _driver()
+    if d["lib"].cuCtxGetDevice(ctypes.byref(d["device"])):
+        return -1
+    return d["device"].value
+
+
+def stream_is_capturing(stream: int) -> bool:
+    """Whether the stream of raw handle ``stream`` is being captured into a CUDA graph."""
+    d = _driver()
+    err = d["lib"].cuStreamIsCapturing(stream, ctypes.byref(d["capturing"]))
+    if err:
+        raise LaunchError(f"cuStreamIsCapturing failed: CUresult {err}")
+    return d["capturing"].value != 0     # CU_STREAM_CAPTURE_STATUS_NONE is 0
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+def compile_kernel(dispatcher, params):
+    """Compile (or load from Numba's disk cache) ``dispatcher`` for the types of ``params``
+    (ArrayParam / ScalarParam, in kernel order) in the current context; Numba's function
+    object: ``.handle`` is the driver handle, ``.kernel`` the cuda.core kernel."""
+    sig = types.void(*(p.numba_type for p in params))
+    return dispatcher.compile(sig)._codelibrary.get_cufunc()
+
+
+def raise_dynamic_smem_limit(handle, nbytes: int, device_id: int):
+    """Allow ``nbytes`` of dynamic shared memory per block for a kernel (a CUkernel or
+    CUfunction handle) on one device (the default limit is 48 KB)."""
+    from cuda.bindings import driver as cu
+
+    attr = cu.CUfunction_attribute(_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+    if isinstance(handle, cu.CUfunction):
+        err, = cu.cuFuncSetAttribute(handle, attr, int(nbytes))
+    else:
+        err, = cu.cuKernelSetAttribute(attr, int(nbytes), handle, cu.CUdevice(device_id))
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise LaunchError(f"setting the kernel's dynamic shared memory to {nbytes} bytes "
+                          f"failed: {err!r}")
+
+
+class LaunchPlan:
+    """One kernel configuration ready to launch (see the module docstring).
+
+    ``cufunc``: ``compile_kernel``'s result; ``params``: ArrayParam / ScalarParam in kernel
+    order (the ArrayParams with ``ptr`` None are the caller's, filled per call in their order);
+    ``pdl``: launch with programmatic stream serialization (sm_90+); ``keep``: objects the
+    fixed pointers belong to, kept alive with the plan.
+    """
+
+    def __init__(self, cufunc, params, grid, block, smem=0, pdl=False, keep=()):
+        flat, self.slots = [], []
+        for p in params:
+            if isinstance(p, ArrayParam):
+                if p.ptr is None:
+                    self.slots.append(len(flat) + 4)      # the data pointer's place
+                flat.extend(p.flat())
+            elif p.numba_type == types.float32:
+                flat.append(ctypes.c_uint32.from_buffer(ctypes.c_float(p.value)).value)
+            elif p.numba_type == types.float64:
+                flat.append(ctypes.c_uint64.from_buffer(ctypes.c_double(p.value)).value)
+            else:
+                flat.append(int(p.value) & 0xFFFFFFFFFFFFFFFF)
+        self.values = (ctypes.c_uint64 * max(len(flat), 1))(*flat)
+        base = ctypes.addressof(self.values)
+        self.argv = (ctypes.c_void_p * max(len(flat), 1))(*(base + 8 * i for i in range(len(flat))))
+        self.func = int(cufunc.handle)
+        self.cufunc, self.keep = cufunc, keep
+        self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        self.block, self.smem, self.pdl = int(block), int(smem), pdl
+        self._lib = _driver()["lib"]
+        if pdl:
+            self._attr = _LaunchAttribute(
+                id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+            self._config = _LaunchConfig(*self.grid, self.block, 1, 1, self.smem, None,
+                                         ctypes.pointer(self._attr), 1)
+
+    def launch(self, pointers, stream: int):
+        """Launch on the stream of raw handle ``stream`` with the caller arrays' data
+        ``pointers`` (ints, in the order of their ArrayParams)."""
+        values = self.values
+        for slot, ptr in zip(self.slots, pointers):
+            values[slot] = ptr
+        if self.pdl:
+            self._config.stream = stream
+            err = self._lib.cuLaunchKernelEx(ctypes.byref(self._config), self.func, self.argv,
+                                             None)
+        else:
+            gx, gy, gz = self.grid
+            err = self._lib.cuLaunchKernel(self.func, gx, gy, gz, self.block, 1, 1, self.smem,
+                                           stream, self.argv, None)
+        if err:
+            raise LaunchError(f"cuLaunchKernel failed with CUresult {err} (grid {self.grid}, "
+                              f"block {self.block}, dynamic shared memory {self.smem} bytes)")

@@ -1,0 +1,166 @@
+"""The repeated call: a table from a call's signature to what its first call planned.
+
+A signature is everything validation and planning depend on: the array library, each array's
+shape, strides, dtype and device, and every keyword (arrays among them by their geometry; mask
+and score_mod objects by identity, guarded against a recycled id). A hit skips validation and
+planning: the call allocates its outputs with the caller's allocator, reads the data pointers,
+checks the current device and 4-byte alignment of 16-bit data, and launches the recorded plan
+on the caller's stream. Only CuPy arrays and PyTorch tensors take this path (their geometry is
+cheap to read); anything else, and any miss, goes through the full path, which records the
+plan for next time. Tables are bounded (cleared when full).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .driver import current_device
+
+__all__ = ["FastCall", "fast_table", "register_fast", "call_key", "geometry_of", "pointer_of"]
+
+_TABLES: dict = {}
+_MAX_ENTRIES = 512
+
+
+def fast_table(name: str) -> dict:
+    """The (process-wide) table of one operation."""
+    return _TABLES.setdefault(name, {})
+
+
+def register_fast(table: dict, key, call):
+    """Record ``call`` under ``key`` (a call signature from ``call_key``)."""
+    if len(table) >= _MAX_ENTRIES:
+        table.clear()
+    table[key] = call
+
+
+def _torch_geometry(x):
+    return (x.shape, x.stride(), x.dtype, x.get_device())
+
+
+def _cupy_geometry(x):
+    return (x.shape, x.strides, x.dtype, x.data.device_id)
+
+
+_GEOMETRY: dict = {}
+_POINTER: dict = {}
+
+
+def _learn_type(t):
+    """Register the geometry / pointer readers of a CuPy or torch array type."""
+    root = t.__module__.split(".")[0]
+    if root == "torch":
+        _GEOMETRY[t], _POINTER[t] = _torch_geometry, lambda x: x.data_ptr()
+    elif root == "cupy":
+        _GEOMETRY[t], _POINTER[t] = _cupy_geometry, lambda x: x.data.ptr
+    else:
+        _GEOMETRY[t] = _POINTER[t] = None
+
+
+def geometry_of(x):
+    """(shape, strides, dtype, device) of a CuPy array or torch tensor; None for other kinds
+    (and for None)."""
+    if x is None:
+        return None
+    t = type(x)
+    if t not in _GEOMETRY:
+        _learn_type(t)
+    reader = _GEOMETRY[t]
+    return None if reader is None else reader(x)
+
+
+def pointer_of(x) -> int:
+    """Data pointer of a CuPy array or torch tensor."""
+    return _POINTER[type(x)](x)
+
+
+def call_key(name, arrays, options):
+    """The signature of a call: ``arrays`` (positional device arrays) by geometry, ``options``
+    (a tuple of keyword values: numbers, bools, None, tuples, or device arrays, replaced by
+    their geometry); None when some value has no cheap signature (the call then takes the
+    full path)."""
+    parts = [name, type(arrays[0])]
+    for x in arrays:
+        g = geometry_of(x)
+        if g is None:
+            return None
+        parts.append(g)
+    for value in options:
+        if value is None or isinstance(value, (bool, int, float, str, tuple)):
+            parts.append(value)
+        elif type(value) is list:
+            parts.append(tuple(value))
+        else:
+            g = geometry_of(value)
+            parts.append(("array", g) if g is not None else ("object", id(value)))
+    return tuple(parts)
+
+
+class FastCall:
+    """What a repeated call needs: the plan, the outputs to allocate, the device, whether
+    16-bit data must be 4-byte aligned, and the objects keyed by identity (``guards``)."""
+
+    def __init__(self, plan, kind, like, device, out_shape, out_dtype, lse_shape, fill,
+                 extras, half, guards=(), order=None, arity=3):
+        self.plan, self.device, self.half, self.guards = plan, device, half, guards
+        self.order = order            # None: pointers in the order inputs, out, lse, extras
+        self.n_extras = len(extras)
+        self.new_out, self.new_lse, self.stream = _allocators(kind, like, out_shape, out_dtype,
+                                                              lse_shape, fill)
+
+    def run(self, arrays, extras, guards, stream):
+        """Launch on ``arrays`` (q, k, v) and ``extras`` (the caller's other device arrays, in
+        plan order); None when this call cannot take the fast path after all."""
+        if guards != self.guards and any(a is not b for a, b in zip(guards, self.guards)):
+            return None
+        if current_device() != self.device:
+            return None
+        ptrs = [pointer_of(x) for x in arrays]
+        if self.half and (ptrs[0] | ptrs[1] | ptrs[2]) & 3:
+            return None          # the full path raises the alignment error
+        out = self.new_out()
+        ptrs.append(pointer_of(out))
+        lse = None
+        if self.new_lse is not None:
+            lse = self.new_lse()
+            ptrs.append(pointer_of(lse))
+        ptrs.extend(pointer_of(x) for x in extras)
+        if self.order is not None:
+            ptrs = [ptrs[i] for i in self.order]
+        self.plan.launch(ptrs, self.stream() if stream is None else stream_handle(stream))
+        return out if lse is None else (out, lse)
+
+
+def stream_handle(stream) -> int:
+    """Raw handle of an explicit stream argument (see streams.raw_stream_handle)."""
+    from .streams import raw_stream_handle
+
+    return raw_stream_handle(stream, None, None)
+
+
+def _allocators(kind, like, out_shape, out_dtype, lse_shape, fill):
+    """(new_out, new_lse or None, current stream) closures for the caller's library."""
+    if kind == "torch":
+        import torch
+
+        dev, dt = like.device, like.dtype
+        index = dev.index
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        current = (lambda: raw(index)) if raw is not None else \
+            (lambda: torch.cuda.current_stream(index).cuda_stream)
+        make = torch.zeros if fill else torch.empty
+        new_out = lambda: make(out_shape, dtype=dt, device=dev)  # noqa: E731
+        new_lse = None
+        if lse_shape is not None:
+            new_lse = (lambda: torch.full(lse_shape, -np.inf, dtype=torch.float32, device=dev)) \
+                if fill else (lambda: torch.empty(lse_shape, dtype=torch.float32, device=dev))
+        return new_out, new_lse, current
+    import cupy
+
+    dt = like.dtype
+    make = cupy.zeros if fill else cupy.empty
+    new_out = lambda: make(out_shape, dtype=dt)  # noqa: E731
+    new_lse = None
+    if lse_shape is not None:
+        new_lse = (lambda: cupy.full(lse_shape, -np.inf, dtype=np.float32)) if fill else \
+            (lambda: cupy.empty(lse_shape, dtype=np.float32))
+    return new_out, new_lse, lambda: cupy.cuda.get_current_stream().ptr

@@ -1,0 +1,31 @@
+"""Hardware primitives for the kernels: one instruction family per module, each with a pure-Python
+stand-in for Numba's CUDA simulator so that kernel source is the same on both.
+
+* ``base``: the simulator switch, LLVM addressing helpers for inline-PTX intrinsics, the
+  simulator's per-warp exchange.
+* ``mma``: ``mma.sync.m16n8k16`` (fp16 / bf16 in, fp32 accumulate) and fp32 -> 16-bit packing.
+* ``ldmatrix``: 8x8 16-bit matrices from shared memory into mma fragments.
+* ``cp_async``: asynchronous global -> shared copies and their group waits.
+* ``cache_hints``: L2 evict-first policies for streamed copies.
+* ``warp``: shuffles, votes, the warp barrier.
+* ``fastmath``: ``exp2`` on the special-function unit.
+* ``sync``: acquire-release atomics and paired global loads / stores (decode's folded merge).
+* ``wgmma``: Hopper warpgroup matrix products, shared-memory descriptors and addresses.
+* ``smem``: vectorised shared-memory loads.
+
+Kernels import the names from here: ``from ..primitives import mma16, ldmatrix_x4, ...``.
+"""
+from .base import SIMULATOR
+from .cache_hints import cp_async16_hint, evict_first_policy
+from .cp_async import (cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1,
+                       cp_async_wait_2, cp_async_wait_3, cp_async_wait_all)
+from .fastmath import exp2
+from .ldmatrix import ldmatrix_x4, ldmatrix_x4_trans
+from .mma import mma16, mma_bf16, mma_f16, pack16, pack_bf16, pack_f16
+from .sync import arrive_acq_rel, bcast0, ld2, st2
+from .warp import ballot, lowest_bit, shfl_idx, shfl_xor, syncwarp
+from .wgmma import (cp_async4_to, cp_async16_to, fence_proxy_async, lds_i32x2, shared_addr,
+                    sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
+from .smem import lds16
+from .grid import grid_dependency_wait, grid_launch_dependents
+from .vector import ld_v4, unpack_bf16, unpack_f16

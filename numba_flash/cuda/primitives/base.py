@@ -1,0 +1,95 @@
+"""What every primitive module shares: whether Numba's CUDA simulator is on, the LLVM helpers
+that inline-PTX intrinsics use to address array elements, and (in the simulator) the per-warp
+exchange that stands in for warp-collective instructions.
+
+Under ``NUMBA_ENABLE_CUDASIM=1`` the simulator has neither inline PTX nor warp shuffles, so each
+primitive module defines its names twice: an ``@intrinsic`` (or a Numba built-in) on the GPU, a
+plain Python function in the simulator. Collective stand-ins call ``collective``: each simulated
+lane posts its operand to a per-warp exchange (a ``threading.Barrier`` of 32), and every lane
+computes its own share of the combined result. Kernel source is therefore identical on both.
+"""
+from __future__ import annotations
+
+import threading
+
+from numba.cuda import config
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+__all__ = ["SIMULATOR", "item_pointer_i64", "offset_pointer_i64", "TO_SHARED",
+           "bare_asm_intrinsic", "collective"]
+
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba.cuda import cgutils, types
+    from numba.cuda.extending import intrinsic
+
+    def item_pointer_i64(context, builder, aryty, aryval, idx_types, idx_vals):
+        """Address (i64) of ``ary[idx...]`` for a Numba array value inside an intrinsic."""
+        ary = context.make_array(aryty)(context, builder, aryval)
+        inds = [context.cast(builder, v, t, types.intp) for v, t in zip(idx_vals, idx_types)]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds)
+        return builder.ptrtoint(ptr, ir.IntType(64))
+
+    def offset_pointer_i64(context, builder, aryty, aryval, offty, offval):
+        """Address (i64) of ``ary``'s first element + ``off`` elements (any strides: the
+        caller computed the offset)."""
+        ary = context.make_array(aryty)(context, builder, aryval)
+        off = context.cast(builder, offval, offty, types.int64)
+        size = context.get_constant(types.int64, aryty.dtype.bitwidth // 8)
+        return builder.add(builder.ptrtoint(ary.data, ir.IntType(64)), builder.mul(off, size))
+
+    # Shared arrays reach an intrinsic as generic pointers: cvta.to.shared makes the 32-bit
+    # shared-window address that ldmatrix and cp.async take.
+    TO_SHARED = "{ .reg .u64 t; .reg .u32 s; cvta.to.shared.u64 t, $%d; cvt.u32.u64 s, t; %s }"
+
+    def bare_asm_intrinsic(text):
+        @intrinsic
+        def op(typingctx):
+            sig = types.void()
+
+            def codegen(context, builder, sig, args):
+                fnty = ir.FunctionType(ir.VoidType(), [])
+                builder.call(ir.InlineAsm(fnty, text, "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return op
+
+    collective = None
+
+else:
+    item_pointer_i64 = offset_pointer_i64 = bare_asm_intrinsic = TO_SHARED = None
+    _exchange_lock = threading.Lock()
+    _exchanges: dict = {}
+
+    class _WarpExchange:
+        """Per-warp meeting point: 32 slots in, one combined result per lane out."""
+
+        def __init__(self):
+            self.slots = [None] * 32
+            self.results = None
+            self.combine = None
+            # The barrier's action runs once, in one thread, after all 32 lanes have posted.
+            self.barrier = threading.Barrier(32, action=self._run, timeout=300)
+
+        def _run(self):
+            self.results = self.combine(self.slots)
+
+    def collective(value, combine):
+        """Post ``value`` for this simulated lane; ``combine(values_by_lane)`` returns 32 results."""
+        thread = threading.current_thread()
+        tid = thread.thread_id
+        key = (id(thread._manager), tuple(thread.blockIdx), tid // 32)
+        with _exchange_lock:
+            ex = _exchanges.get(key)
+            if ex is None:
+                ex = _exchanges[key] = _WarpExchange()
+        lane = tid % 32
+        ex.slots[lane] = value
+        ex.combine = combine
+        ex.barrier.wait()
+        result = ex.results[lane]
+        ex.barrier.wait()  # nobody starts the next collective before every lane has its result
+        return result

@@ -1,0 +1,94 @@
+"""Asynchronous global -> shared copies (``cp.async``, 16 bytes, bypassing registers) and the
+group commit / wait instructions of a multi-stage pipeline.
+
+``cp_async16`` copies 16 bytes (zero-filled when ``src_bytes`` is 0) from an indexed element,
+``cp_async16_at`` from an element offset the caller computed from the strides (no per-copy
+index arithmetic). In the simulator the copy happens at once and the waits are no-ops.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import SIMULATOR, TO_SHARED, bare_asm_intrinsic, item_pointer_i64, offset_pointer_i64
+
+__all__ = ["cp_async16", "cp_async16_at", "cp_async_commit", "cp_async_wait_all",
+           "cp_async_wait_1", "cp_async_wait_2", "cp_async_wait_3"]
+
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba import cuda
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def cp_async16(typingctx, dst, di, dj, src, s0, s1, s2, s3, src_bytes):
+        """16 bytes from ``&src[s0, s1, s2, s3]`` (global) to ``&dst[di, dj]`` (shared)."""
+        sig = types.void(dst, di, dj, src, s0, s1, s2, s3, src_bytes)
+
+        def codegen(context, builder, sig, args):
+            d = item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:3], args[1:3])
+            g = item_pointer_i64(context, builder, sig.args[3], args[3], sig.args[4:8], args[4:8])
+            n = context.cast(builder, args[8], sig.args[8], types.int32)
+            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(64), ir.IntType(32)])
+            asm = ir.InlineAsm(fnty, TO_SHARED % (0, "cp.async.cg.shared.global [s], [$1], 16, $2;"),
+                               "l,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [d, g, n])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async16_at(typingctx, dst, di, dj, src, word_offset, src_bytes):
+        """16 bytes from ``src``'s first element + ``word_offset`` elements (global; the caller
+        computes the offset from the strides, so no per-copy index arithmetic) to ``&dst[di,
+        dj]`` (shared)."""
+        sig = types.void(dst, di, dj, src, word_offset, src_bytes)
+
+        def codegen(context, builder, sig, args):
+            d = item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:3], args[1:3])
+            g = offset_pointer_i64(context, builder, sig.args[3], args[3], sig.args[4], args[4])
+            i64 = ir.IntType(64)
+            n = context.cast(builder, args[5], sig.args[5], types.int32)
+            fnty = ir.FunctionType(ir.VoidType(), [i64, i64, ir.IntType(32)])
+            asm = ir.InlineAsm(fnty, TO_SHARED % (0, "cp.async.cg.shared.global [s], [$1], 16, $2;"),
+                               "l,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [d, g, n])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    cp_async_commit = bare_asm_intrinsic("cp.async.commit_group;")
+    cp_async_wait_all = bare_asm_intrinsic("cp.async.wait_group 0;")
+    cp_async_wait_1 = bare_asm_intrinsic("cp.async.wait_group 1;")
+    cp_async_wait_2 = bare_asm_intrinsic("cp.async.wait_group 2;")
+    cp_async_wait_3 = bare_asm_intrinsic("cp.async.wait_group 3;")
+
+else:
+    def cp_async16(dst, di, dj, src, s0, s1, s2, s3, src_bytes):
+        """Copy 16 bytes ``src[s0, s1, s2, s3:]`` to ``dst[di, dj:]`` (4 words or float32, 2
+        float64; zeros if src_bytes is 0)."""
+        for e in range(16 // dst.dtype.itemsize):
+            dst[di, dj + e] = src[s0, s1, s2, s3 + e] if src_bytes else 0
+
+    def cp_async16_at(dst, di, dj, src, word_offset, src_bytes):
+        """Copy 4 elements at ``word_offset`` elements past ``src``'s first one (any strides)."""
+        a = np.asarray(getattr(src, "_ary", src))
+        off = int(word_offset)
+        flat = np.lib.stride_tricks.as_strided(a, shape=(off + 4,), strides=(a.itemsize,))
+        for e in range(4):
+            dst[di, dj + e] = flat[off + e] if src_bytes else 0
+
+    def cp_async_commit():
+        """Close the current group of asynchronous copies (a no-op in the simulator)."""
+
+    def cp_async_wait_all():
+        """Wait for every committed asynchronous copy (a no-op in the simulator)."""
+
+    def cp_async_wait_1():
+        """Wait until at most one committed copy group is pending (no-op in the simulator)."""
+
+    def cp_async_wait_2():
+        """Wait until at most two committed copy groups are pending (no-op in the simulator)."""
+
+    def cp_async_wait_3():
+        """Wait until at most three committed copy groups are pending (no-op in the simulator)."""

@@ -1,0 +1,56 @@
+"""Vectorised shared-memory loads: ``lds16(ary, i, j, skip)`` returns the 16 bytes at
+``&ary[i, j]`` plus ``skip`` bytes of a shared float32 / float64 array as a tuple (4 float32 or
+2 float64), one ``ld.shared.v4.f32`` / ``.v2.f64`` (LLVM does not vectorise these on its own).
+"""
+from __future__ import annotations
+
+from .base import SIMULATOR
+
+__all__ = ["lds16"]
+
+if SIMULATOR:
+    def lds16(ary, i, j, skip):
+        """The 16 bytes at ``&ary[i, j]`` plus ``skip`` bytes of a shared float32 / float64
+        array, as a tuple."""
+        item = ary.dtype.itemsize
+        return tuple(ary[i, j + skip // item + e] for e in range(16 // item))
+else:
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    from .base import item_pointer_i64
+
+    @intrinsic
+    def lds16(typingctx, ary, i, j, skip):
+        """One 16-byte shared-memory load (``ld.shared.v4.f32`` / ``.v2.f64``) at ``&ary[i, j]``
+        plus ``skip`` bytes (16-byte aligned; a constant ``skip`` becomes the instruction's
+        immediate offset): LLVM does not vectorise these loads on its own. Side-effecting, so
+        it is never moved across a barrier or merged with a load of an earlier tile."""
+        f64 = ary.dtype == types.float64
+        n = 2 if f64 else 4
+        sig = types.UniTuple(ary.dtype, n)(ary, i, j, skip)
+
+        def codegen(context, builder, sig, args):
+            # 32-bit shared address: the array's base converted once (a pure asm that LLVM
+            # hoists and shares), plus the element's byte offset in 32-bit arithmetic.
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            aryty = sig.args[0]
+            data = builder.ptrtoint(context.make_array(aryty)(context, builder, args[0]).data, i64)
+            elem = item_pointer_i64(context, builder, aryty, args[0], sig.args[1:3], args[1:3])
+            off = builder.trunc(builder.sub(elem, data), i32)
+            base = builder.call(ir.InlineAsm(ir.FunctionType(i32, [i64]),
+                                             "{ .reg .u64 t; cvta.to.shared.u64 t, $1; "
+                                             "cvt.u32.u64 $0, t; }", "=r,l"), [data])
+            extra = context.cast(builder, args[3], sig.args[3], types.int32)
+            addr = builder.add(builder.add(base, off), extra)
+            ft = ir.DoubleType() if f64 else ir.FloatType()
+            fnty = ir.FunctionType(ir.LiteralStructType([ft] * n), [i32])
+            outs = ",".join(f"${e}" for e in range(n))
+            op = f"ld.shared.v{n}.{'f64' if f64 else 'f32'} {{{outs}}}, [${n}];"
+            cons = ",".join(["=d" if f64 else "=f"] * n) + ",r,~{memory}"
+            res = builder.call(ir.InlineAsm(fnty, op, cons, side_effect=True), [addr])
+            vals = [builder.extract_value(res, e) for e in range(n)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
