@@ -12,18 +12,25 @@ _CUDA_MISSING = ("the CUDA backend is not available yet: numba_flash.cuda.launch
                  "(backend='auto' or 'cpu')")
 
 
-def _load_attention_cuda():
-    """The CUDA entry point, imported on first use so that ``import numba_flash`` stays light."""
+def load_cuda_entry(module_name: str, entry_name: str, missing: str):
+    """``module_name.entry_name`` (a CUDA entry point), imported on first use so that
+    ``import numba_flash`` stays light; NotImplementedError(``missing``) while the module or the
+    function is absent from this installation."""
     try:
-        launch = importlib.import_module("numba_flash.cuda.launch")
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name in ("numba_flash.cuda", "numba_flash.cuda.launch"):
-            raise NotImplementedError(_CUDA_MISSING) from exc
+        if exc.name in ("numba_flash.cuda", module_name):
+            raise NotImplementedError(missing) from exc
         raise
-    entry = getattr(launch, "attention_cuda", None)
+    entry = getattr(module, entry_name, None)
     if entry is None:
-        raise NotImplementedError(_CUDA_MISSING)
+        raise NotImplementedError(missing)
     return entry
+
+
+def _load_attention_cuda():
+    """The CUDA entry point of the forward."""
+    return load_cuda_entry("numba_flash.cuda.launch", "attention_cuda", _CUDA_MISSING)
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,

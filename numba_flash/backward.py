@@ -10,10 +10,9 @@ rounds each gradient once to the input dtype. GPU arrays go to ``backward_cuda``
 """
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
+from .api import load_cuda_entry
 from .arrays import describe_all, dtype_name
 from .validation import check_bool, validate
 
@@ -28,16 +27,7 @@ def _load_backward_cuda():
     """The CUDA entry point ``numba_flash.cuda.backward.backward_cuda(dout, q, k, v, out, lse, *,
     problem, deterministic, stream) -> (dq, dk, dv)``, imported on first use; NotImplementedError
     while it is missing."""
-    try:
-        module = importlib.import_module("numba_flash.cuda.backward")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("numba_flash.cuda", "numba_flash.cuda.backward"):
-            raise NotImplementedError(_CUDA_BACKWARD_MISSING) from exc
-        raise
-    entry = getattr(module, "backward_cuda", None)
-    if entry is None:
-        raise NotImplementedError(_CUDA_BACKWARD_MISSING)
-    return entry
+    return load_cuda_entry("numba_flash.cuda.backward", "backward_cuda", _CUDA_BACKWARD_MISSING)
 
 
 def _check_saved(problem, infos: dict) -> None:
