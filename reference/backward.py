@@ -84,7 +84,7 @@ def _softmax_rows(s: np.ndarray):
 
     A row with no visible key (all -inf) gets P = 0 and lse = -inf; NaN propagates (a NaN score
     makes its row's P and lse NaN, it is never taken for an empty row)."""
-    row_max = s.max(axis=-1, keepdims=True)
+    row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # -inf also for zero keys
     row_max = np.where(np.isneginf(row_max), 0.0, row_max)
     p = np.exp(s - row_max)
     row_sum = p.sum(axis=-1, keepdims=True)

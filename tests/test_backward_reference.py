@@ -230,3 +230,11 @@ def test_property_tiled_equals_dense(seqlen_q, seqlen_k, group, causal, left, si
     dense = attention_backward_reference(dout, q, k, v, **options)
     tiled = attention_backward_tiled(dout, q, k, v, block_m=block_m, block_n=block_n, **options)
     assert_grads_close(tiled, dense, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(0, 3), (3, 0)])
+def test_empty_sequences_give_zero_gradients(seqlen_q, seqlen_k):
+    dout, q, k, v = random_inputs(11, 1, seqlen_q, seqlen_k, 2, 1, 4)
+    for backward in (attention_backward_reference, attention_backward_tiled):
+        for grad, like in zip(backward(dout, q, k, v, causal=True), (q, k, v)):
+            assert grad.shape == like.shape and not grad.any()
