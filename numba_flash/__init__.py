@@ -4,6 +4,8 @@ Public API:
 
 - ``numba_flash.attention(q, k, v, ...)``: exact attention on GPU arrays (CuPy, PyTorch CUDA
   tensors, anything with ``__cuda_array_interface__``) or NumPy arrays (CPU mode).
+- ``numba_flash.attention_backward(dout, q, k, v, out, lse, ...)``: gradients of ``attention``
+  (CPU mode now; ``numba_flash.torch.attention`` wraps both as a torch.autograd.Function).
 - ``numba_flash.decode(q, k_cache, v_cache, ...)``: split-KV decoding over a contiguous or paged
   KV cache (FlashDecoding), GPU or NumPy.
 - ``numba_flash.merge_states(o, lse)``: merge partial attention states (NumPy or GPU arrays).
@@ -18,10 +20,11 @@ from __future__ import annotations
 import importlib
 
 from .api import attention
+from .backward import attention_backward
 from .decode import decode
 from .merge import merge_states
 
-__all__ = ["attention", "decode", "merge_states", "masks", "__version__"]
+__all__ = ["attention", "attention_backward", "decode", "merge_states", "masks", "__version__"]
 __version__ = "0.1.0"
 
 

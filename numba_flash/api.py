@@ -12,25 +12,33 @@ _CUDA_MISSING = ("the CUDA backend is not available yet: numba_flash.cuda.launch
                  "(backend='auto' or 'cpu')")
 
 
-def _load_attention_cuda():
-    """The CUDA entry point, imported on first use so that ``import numba_flash`` stays light."""
+def load_cuda_entry(module_name: str, entry_name: str, missing: str):
+    """``module_name.entry_name`` (a CUDA entry point), imported on first use so that
+    ``import numba_flash`` stays light; NotImplementedError(``missing``) while the module or the
+    function is absent from this installation."""
     try:
-        launch = importlib.import_module("numba_flash.cuda.launch.attention")
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name in ("numba_flash.cuda", "numba_flash.cuda.launch",
-                        "numba_flash.cuda.launch.attention"):
-            raise NotImplementedError(_CUDA_MISSING) from exc
+        if exc.name in ("numba_flash.cuda", "numba_flash.cuda.launch", module_name):
+            raise NotImplementedError(missing) from exc
         raise
-    entry = getattr(launch, "attention_cuda", None)
+    entry = getattr(module, entry_name, None)
     if entry is None:
-        raise NotImplementedError(_CUDA_MISSING)
-    _FAST[0] = launch.attention_fast
+        raise NotImplementedError(missing)
     return entry
 
 
 # The runtime's repeated-call path (numba_flash.cuda.launch.attention.attention_fast), set when
 # the CUDA runtime is first loaded: until then no GPU call has been made and none can repeat.
 _FAST = [None]
+
+
+def _load_attention_cuda():
+    """The CUDA entry point of the forward (and, once loaded, its repeated-call path)."""
+    entry = load_cuda_entry("numba_flash.cuda.launch.attention", "attention_cuda", _CUDA_MISSING)
+    _FAST[0] = load_cuda_entry("numba_flash.cuda.launch.attention", "attention_fast",
+                               _CUDA_MISSING)
+    return entry
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,

@@ -135,9 +135,9 @@ def _fast_info(obj, name: str):
         if not obj.is_cuda or obj.is_sparse:
             return None
         if obj.requires_grad:
-            raise TypeError(f"{name} is a PyTorch tensor that requires grad; numba_flash has no "
-                            f"backward pass, so pass {name}.detach() (the result is not tracked "
-                            f"by autograd)")
+            raise TypeError(f"{name} is a PyTorch tensor that requires grad; "
+                            f"numba_flash.attention is not tracked by autograd: use "
+                            f"numba_flash.torch.attention for gradients, or pass {name}.detach()")
         dtype = _torch_dtype(obj.dtype)
         if dtype is None:
             return None

@@ -13,3 +13,5 @@ from .attention import check_input_dtype, check_softmax_scale, visible_block  # 
 from .merge import merge_many, merge_states, split_attention  # noqa: F401
 from .online import dense_tile_classes, online_attention  # noqa: F401
 from .precision import Arithmetic, resolve_precision, round_to, unit_roundoff  # noqa: F401
+from .backward import attention_backward_reference, attention_backward_tiled  # noqa: F401
+from .backward import attention_backward_varlen  # noqa: F401

@@ -22,7 +22,7 @@ from .elementwise import call_elementwise
 
 __all__ = ["attention", "check_shapes", "check_input_dtype", "check_softmax_scale", "check_softcap",
            "check_problem", "check_alibi_slopes", "check_score_mod", "Problem", "visible_block",
-           "visible_bh", "as_float_arrays", "apply_score_mod"]
+           "visible_bh", "as_float_arrays", "apply_score_mod", "scores_block"]
 
 # Score elements (batch * heads_q * rows * keys) per query-row chunk: 2**21 float64 = 16 MiB, so a
 # chunk's temporaries stay small (16 MiB each) unless one row of scores is larger.
@@ -226,6 +226,42 @@ def as_float_arrays(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return arrays
 
 
+def scores_block(q_rows: np.ndarray, k_cols_t: np.ndarray, problem: Problem, rows, cols, *,
+                 apply_mask: bool = True, with_softcap_grad: bool = False):
+    """Scores of a block of query rows against a block of key columns, as attention defines them.
+
+    q_rows: float64 (B, Hkv, G, R, D), query head h = kv head * G + index; k_cols_t: float64
+    (B, Hkv, 1, D, C) (keys transposed); rows: int64 (R, 1) query-row indices; cols: int64 (1, C)
+    key-column indices (positions in the full key sequence). Returns s, float64
+    (B, Hkv, G, R, C): ``scale * q.k``, then the softcap, ALiBi and score_mod, then -inf where
+    the problem's mask hides the pair (skipped with ``apply_mask=False``, for tiles known to be
+    fully visible). With ``with_softcap_grad`` returns (s, dcap): dcap float64 of s's shape, the
+    derivative ``1 - tanh^2(scale*q.k / softcap)`` of the capped score, or None without softcap.
+    """
+    b, sq, sk, hq, hkv = problem[:5]
+    g = problem.group
+    s = np.matmul(q_rows, k_cols_t)
+    s *= problem.softmax_scale
+    dcap = None
+    if problem.softcap is not None:
+        capped = np.tanh(s / problem.softcap)
+        if with_softcap_grad:
+            dcap = 1.0 - capped * capped
+        s = problem.softcap * capped
+    if problem.alibi_slopes is not None:  # -slope * |i - j| on aligned positions
+        dist = np.abs(rows + (sk - sq) - cols).astype(np.float64)
+        s -= problem.alibi_slopes.reshape(b, hkv, g, 1, 1) * dist
+    if problem.score_mod is not None:   # batch b, query head h = kv head * g + index
+        s = apply_score_mod(problem.score_mod, s, np.arange(b).reshape(b, 1, 1, 1, 1),
+                            np.arange(hq).reshape(1, hkv, g, 1, 1), rows + (sk - sq), cols)
+    if apply_mask and problem.mask is not None:
+        if problem.mask.depends_on_batch_head:
+            s[~visible_bh(problem.mask, b, hq, hkv, sq, sk, rows, cols)] = -np.inf
+        else:
+            s[..., ~visible_block(problem.mask, sq, sk, rows, cols)] = -np.inf
+    return (s, dcap) if with_softcap_grad else s
+
+
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
             col_start: int, col_stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Attention of every query row over key columns [col_start, col_stop) of the problem.
@@ -250,24 +286,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
         r1 = min(sq, r0 + chunk)
         rows = r1 - r0
         qc = q[:, r0:r1].astype(np.float64).reshape(b, rows, hkv, g, d).transpose(0, 2, 3, 1, 4)
-        s = np.matmul(qc, kt)  # (B, Hkv, G, rows, Sk)
-        s *= problem.softmax_scale
-        if problem.softcap is not None:
-            s = problem.softcap * np.tanh(s / problem.softcap)
-        rows_ = np.arange(r0, r1)[:, None]
-        if problem.alibi_slopes is not None:  # -slope * |i - j| on aligned positions
-            dist = np.abs(rows_ + (problem.seqlen_k - sq) - cols).astype(np.float64)
-            slopes = problem.alibi_slopes.reshape(b, hkv, g, 1, 1)
-            s -= slopes * dist
-        if problem.score_mod is not None:   # batch b, query head h = kv head * g + index
-            s = apply_score_mod(problem.score_mod, s, np.arange(b).reshape(b, 1, 1, 1, 1),
-                                np.arange(hq).reshape(1, hkv, g, 1, 1),
-                                rows_ + (problem.seqlen_k - sq), cols)
-        if problem.mask is not None and problem.mask.depends_on_batch_head:
-            s[~visible_bh(problem.mask, b, hq, hkv, sq, problem.seqlen_k, rows_, cols)] = -np.inf
-        else:
-            visible = visible_block(problem.mask, sq, problem.seqlen_k, rows_, cols)
-            s[..., ~visible] = -np.inf
+        s = scores_block(qc, kt, problem, np.arange(r0, r1)[:, None], cols)
         m = s.max(axis=-1, keepdims=True)
         # Rows with no visible key have m = -inf; shifting by 0 keeps exp(-inf - 0) = 0, not NaN.
         m = np.where(np.isneginf(m), 0.0, m)

@@ -1,0 +1,145 @@
+"""``numba_flash.attention_backward``: validate the call, then hand it to CPU mode or the CUDA
+backward kernels.
+
+CPU mode (NumPy arrays) computes the exact gradients in float64 with the dense reference
+(``numba_flash_reference.backward.attention_backward_reference``, chunked over query rows), which
+recomputes P and O from q, k, v (the caller's out and lse are checked, not read: float16 out and
+float32 lse would add their rounding to the answer every backend is measured against), then
+rounds each gradient once to the input dtype. GPU arrays go to ``backward_cuda`` (one spot,
+``_load_backward_cuda``), which does not exist yet.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .api import load_cuda_entry
+from .arrays import describe_all, dtype_name
+from .validation import check_bool, validate
+
+__all__ = ["attention_backward"]
+
+_CUDA_BACKWARD_MISSING = ("attention_backward on GPU arrays: the CUDA backward kernels are not "
+                          "built yet; NumPy arrays run in CPU mode (exact float64 gradients)")
+_LSE_DTYPES = ("float32", "float64")
+
+
+def _load_backward_cuda():
+    """The CUDA entry point ``numba_flash.cuda.launch.backward.backward_cuda(dout, q, k, v, out, lse, *,
+    problem, deterministic, stream) -> (dq, dk, dv)``, imported on first use; NotImplementedError
+    while it is missing."""
+    return load_cuda_entry("numba_flash.cuda.launch.backward", "backward_cuda", _CUDA_BACKWARD_MISSING)
+
+
+def _check_saved(problem, infos: dict) -> None:
+    """dout and out shaped and typed like q; lse (batch, heads_q, seqlen_q), or (heads_q,
+    total_q) for a packed batch, float32 or float64. Errors name the argument, what was given
+    and what was expected."""
+    q_info = problem.infos["q"]
+    q_shape = q_info.shape[1:] if problem.varlen is not None else q_info.shape
+    for name in ("dout", "out"):
+        info = infos[name]
+        if info.shape != q_shape:
+            raise ValueError(f"{name} must have q's shape {q_shape}, got {info.shape}")
+        if dtype_name(info.dtype) != dtype_name(problem.dtype):
+            raise TypeError(f"{name} must have q's dtype {dtype_name(problem.dtype)}, got "
+                            f"{dtype_name(info.dtype)}")
+    lse = infos["lse"]
+    if problem.varlen is not None:
+        expected, layout = (problem.heads_q, q_shape[0]), "(heads_q, total_q) for a packed batch"
+    else:
+        expected, layout = (problem.batch, problem.heads_q, problem.seqlen_q), \
+            "(batch, heads_q, seqlen_q)"
+    if lse.shape != expected:
+        hint = ""
+        if len(lse.shape) != len(expected):
+            hint = ("; a 2-D lse belongs to a packed batch: pass cu_seqlens_q / cu_seqlens_k"
+                    if len(lse.shape) == 2 else "; with cu_seqlens the forward's lse is 2-D")
+        raise ValueError(f"lse must have shape {layout} = {expected}, got {lse.shape}{hint}")
+    if dtype_name(lse.dtype) not in _LSE_DTYPES:
+        raise TypeError(f"lse must be float32 (as the forward returns it) or float64, got "
+                        f"{dtype_name(lse.dtype)}")
+
+
+def _backward_cpu(dout, q, k, v, problem) -> tuple:
+    """Exact float64 gradients by the dense reference, each rounded once to q's dtype."""
+    from numba_flash_reference.backward import (attention_backward_reference,
+                                                attention_backward_varlen)
+    from numba_flash_reference.precision import round_to
+
+    options = dict(softmax_scale=problem.softmax_scale, causal=problem.causal,
+                   window_size=problem.window_size, sinks=problem.sinks, mask=problem.mask,
+                   softcap=problem.softcap, alibi_slopes=problem.alibi_slopes)
+    if problem.varlen is not None:
+        grads = attention_backward_varlen(dout, q, k, v, problem.varlen.host_q,
+                                          problem.varlen.host_k, **options)
+    else:
+        grads = attention_backward_reference(dout, q, k, v, **options)
+    return tuple(round_to(g, problem.dtype).astype(problem.dtype) for g in grads)
+
+
+def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False,
+                       window_size=(-1, -1), sinks=0, mask=None, softcap=None, alibi_slopes=None,
+                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                       max_seqlen_k=None, deterministic=False, backend="auto", stream=None,
+                       score_mod=None):
+    """Gradients of ``numba_flash.attention`` with respect to q, k and v.
+
+    Parameters
+    ----------
+    dout : array (batch, seqlen_q, heads_q, head_dim)
+        Upstream gradient of the loss with respect to ``out``; q's dtype and kind.
+    q, k, v : arrays as for ``numba_flash.attention`` (float16, bfloat16, float32 or float64;
+        all NumPy (CPU mode) or all GPU arrays).
+    out : array (batch, seqlen_q, heads_q, head_dim), q's dtype
+        The forward's output.
+    lse : array (batch, heads_q, seqlen_q), float32 (or float64)
+        The forward's log-sum-exp (``return_lse=True``). With ``cu_seqlens``: dout, q, out are
+        (total_q, heads_q, head_dim), k, v (total_k, heads_kv, head_dim), lse (heads_q, total_q).
+    softmax_scale, causal, window_size, sinks, mask, softcap, alibi_slopes, cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k :
+        Exactly the forward call's values (the gradient is that of the same function).
+    deterministic : bool
+        GPU: accumulate dQ in a fixed order (bitwise reproducible) instead of fp32 atomics. CPU
+        mode is always deterministic.
+    backend, stream : as for ``numba_flash.attention``.
+    score_mod : must be None: score_mod has no backward yet (its derivative would need a second
+        user function); NotImplementedError otherwise.
+
+    Returns
+    -------
+    (dq, dk, dv) : arrays shaped like q, k and v, in q's dtype and kind; dk, dv summed over the
+        query heads of each kv head's group (GQA / MQA). In CPU mode each is the exact float64
+        gradient (recomputed from q, k, v by the dense reference; out and lse are checked but not
+        read) rounded once to the input dtype. A query row that sees no key contributes nothing.
+
+    Raises
+    ------
+    TypeError, ValueError : bad arguments, naming the argument, what it got and what was expected.
+    NotImplementedError : GPU arrays (the CUDA backward kernels are not built yet), or score_mod.
+
+    Examples
+    --------
+    >>> import numpy as np, numba_flash
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v, dout = (rng.standard_normal((1, 5, 2, 8)) for _ in range(4))
+    >>> out, lse = numba_flash.attention(q, k, v, causal=True, return_lse=True)
+    >>> dq, dk, dv = numba_flash.attention_backward(dout, q, k, v, out, lse, causal=True)
+    >>> dq.shape, dk.dtype
+    ((1, 5, 2, 8), dtype('float64'))
+    """
+    if score_mod is not None:
+        raise NotImplementedError("attention_backward does not support score_mod yet: its "
+                                  "gradient needs the derivative of the user's function; use "
+                                  "softcap / alibi_slopes / masks, which have exact gradients")
+    problem = validate(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                       window_size=window_size, sinks=sinks, mask=mask, softcap=softcap,
+                       backend=backend, stream=stream, alibi_slopes=alibi_slopes,
+                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    deterministic = check_bool("deterministic", deterministic)
+    _check_saved(problem, describe_all(q=q, dout=dout, out=out, lse=lse))
+    if problem.backend == "cpu":
+        return _backward_cpu(dout, q, k, v, problem)
+    backward_cuda = _load_backward_cuda()
+    return backward_cuda(dout, q, k, v, out, lse, problem=problem, deterministic=deterministic,
+                         stream=stream)
