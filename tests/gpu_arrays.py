@@ -7,8 +7,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from numba_flash.cuda import launch
-from numba_flash.cuda.warp import SIMULATOR
+import numba_flash.api
+from numba_flash.cuda.launch import attention as _attention, decode as _decode, merge as _merge
+from numba_flash.cuda.primitives import SIMULATOR
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
@@ -43,15 +44,20 @@ def to_host(x):
 
 
 def poison_outputs(monkeypatch):
-    """Make ``launch._empty_like_kind`` return NaN-filled arrays for the rest of the test."""
-    original = launch._empty_like_kind
+    """Make the runtime's output allocation return NaN-filled arrays for the rest of the test
+    (and switch the repeated-call path off, whose allocations are the caller library's own)."""
+    original = _attention.empty_like_kind
 
-    def poisoned(kind, like, shape, dtype_name):
-        arr = original(kind, like, shape, dtype_name)
+    def poisoned(kind, like, shape, dtype_name, zero=False, fill=None):
+        arr = original(kind, like, shape, dtype_name, zero=zero, fill=fill)
+        if zero or fill is not None:
+            return arr
         if kind == "torch":
             arr.fill_(float("nan"))
         elif kind == "numpy" or dtype_name != "bfloat16":
             arr[...] = np.nan
         return arr
 
-    monkeypatch.setattr(launch, "_empty_like_kind", poisoned)
+    for module in (_attention, _decode, _merge):
+        monkeypatch.setattr(module, "empty_like_kind", poisoned)
+    monkeypatch.setitem(numba_flash.api._FAST, 0, None)
