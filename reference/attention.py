@@ -12,6 +12,7 @@ shapes and plain numbers, so a front end holding CuPy arrays can run them before
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import NamedTuple
 
@@ -150,11 +151,26 @@ def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int) -> np.ndarray | N
 
 
 def check_score_mod(score_mod):
-    """``score_mod``: None or a callable ``fn(score, b, h, q_idx, kv_idx) -> float``."""
-    if score_mod is None or callable(score_mod):
+    """``score_mod``: None or a callable ``fn(score, b, h, q_idx, kv_idx) -> float`` that
+    accepts those 5 positional arguments (checked with ``inspect.signature`` where Python can
+    read one; builtins and other callables without a signature pass). TypeError naming
+    score_mod otherwise."""
+    if score_mod is None:
+        return None
+    if not callable(score_mod):
+        raise TypeError(f"score_mod must be None or a function fn(score, b, h, q_idx, kv_idx) "
+                        f"-> float, got {type(score_mod).__name__} {score_mod!r}")
+    try:
+        signature = inspect.signature(score_mod)
+    except (TypeError, ValueError):   # no readable signature (builtins, some C callables)
         return score_mod
-    raise TypeError(f"score_mod must be None or a function fn(score, b, h, q_idx, kv_idx) -> "
-                    f"float, got {type(score_mod).__name__} {score_mod!r}")
+    try:
+        signature.bind(*range(5))
+    except TypeError as exc:
+        name = getattr(score_mod, "__name__", type(score_mod).__name__)
+        raise TypeError(f"score_mod must accept 5 positional arguments (score, b, h, q_idx, "
+                        f"kv_idx), got {name}{signature} ({exc})") from None
+    return score_mod
 
 
 def apply_score_mod(score_mod, s: np.ndarray, b, h, q_idx, kv_idx) -> np.ndarray:
