@@ -200,6 +200,10 @@ def test_varlen_nan_stays_in_its_sequence(backend):
     np.testing.assert_allclose(l.T[~nan_rows], clean_l.T[~nan_rows], **tol(q.dtype))
 
 
+def _randn(rng, *shapes, dtype=np.float16):
+    return [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+
+
 def _decode(backend, q, k, v, lens, table=None):
     arrays = (q, k, v, lens) + (() if table is None else (table,))
     moved = to_backend(backend, *arrays)
@@ -211,9 +215,7 @@ def _decode(backend, q, k, v, lens, table=None):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_decode_contiguous(backend):
     rng = np.random.default_rng(7)
-    q = rng.standard_normal((2, 3, 4, 64)).astype(np.float16)
-    k = rng.standard_normal((2, 40, 2, 64)).astype(np.float16)
-    v = rng.standard_normal((2, 40, 2, 64)).astype(np.float16)
+    q, k, v = _randn(rng, (2, 3, 4, 64), (2, 40, 2, 64), (2, 40, 2, 64))
     lens = np.array([30, 40], np.int32)
     bad_k = k.copy()
     bad_k[0, 35:] = np.nan                  # beyond cache_seqlens[0]: never read
@@ -231,9 +233,7 @@ def test_decode_contiguous(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_decode_paged(backend):
     rng = np.random.default_rng(8)
-    q = rng.standard_normal((2, 1, 4, 64)).astype(np.float16)
-    pages = rng.standard_normal((6, 16, 2, 64)).astype(np.float16)
-    v = rng.standard_normal((6, 16, 2, 64)).astype(np.float16)
+    q, pages, v = _randn(rng, (2, 1, 4, 64), (6, 16, 2, 64), (6, 16, 2, 64))
     table = np.array([[4, 1], [0, 2]], np.int32)
     lens = np.array([20, 9], np.int32)
     clean = _decode(backend, q, pages, v, lens, table)
