@@ -115,6 +115,28 @@ def _timed(call, sync, repeats):
     return first, best, result
 
 
+SIMULATOR_NOTE = ("Numba's CUDA simulator runs the kernels on the CPU one thread at a time: "
+                  "at the demo's shape that takes more than 5 minutes")
+
+
+def _cuda_backend_refusal(file) -> str | None:
+    """For ``--backend cuda``: None when a GPU is visible; a note on ``file`` and None under
+    Numba's CUDA simulator; else the one-line error to print (exit status 2)."""
+    from . import validation
+
+    if gpu_available():
+        return None
+    if validation.cuda_simulator_enabled():
+        print(f"note: {SIMULATOR_NOTE}; --backend cpu gives the same check in well under a "
+              f"second", file=file)
+        return None
+    return ("error: backend='cuda' needs GPU arrays, and no CUDA GPU is visible to CuPy (install "
+            "the cuda12 or cuda13 extra on a machine with an NVIDIA GPU). Without a GPU, run "
+            "`python -m numba_flash --backend cpu` (CPU mode, under a second); "
+            "NUMBA_ENABLE_CUDASIM=1 would run the kernels in Numba's CUDA simulator, but at the "
+            "demo's shape that takes more than 5 minutes")
+
+
 def run_demo(backend="auto", dtype=None, seed=0, perturb=0.0, file=None) -> int:
     """Run the main job and print a report to ``file`` (default stdout); return the exit status.
 
@@ -127,6 +149,11 @@ def run_demo(backend="auto", dtype=None, seed=0, perturb=0.0, file=None) -> int:
     from numba_flash_reference.masks import visible_matrix
 
     file = file or sys.stdout
+    if backend == "cuda":
+        refusal = _cuda_backend_refusal(file)
+        if refusal is not None:
+            print(refusal, file=sys.stderr)
+            return 2
 
     def say(label, text):
         print(f"{label:<10}: {text}", file=file)

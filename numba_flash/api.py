@@ -44,7 +44,7 @@ def _load_attention_cuda():
 def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
               mask=None, softcap=None, alibi_slopes=None, return_lse=False, backend="auto",
               stream=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-              max_seqlen_k=None, score_mod=None):
+              max_seqlen_k=None, score_mod=None, check_inputs=False):
     """Exact scaled dot-product attention (FlashAttention), on the GPU or on the CPU.
 
     Parameters
@@ -67,8 +67,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         Sliding window ``(left, right)`` on aligned positions: key ``j`` is visible from the
         query at position ``i`` iff ``i - left <= j <= i + right``; -1 leaves a side unbounded.
     sinks : int
-        With a bounded window, the first ``sinks`` keys stay visible (causally) to every query
-        (StreamingLLM attention sinks).
+        With a bounded left window (``window_size[0] >= 0``), the first ``sinks`` keys stay
+        visible (causally) to every query (StreamingLLM attention sinks); ``sinks > 0`` with an
+        unbounded left window raises ValueError (it would change nothing).
     mask : numba_flash.masks mask object, optional
         Any mask from :mod:`numba_flash.masks` (documents, prefix-LM, trees, dense boolean...).
         It is intersected with ``causal`` / ``window_size``.
@@ -76,7 +77,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         Scores become ``softcap * tanh(score / softcap)`` before masking (Gemma-2, Grok).
     alibi_slopes : float32 array (heads_q,) or (batch, heads_q), optional
         ALiBi: ``-slope * |i - j|`` (aligned positions) is added to every score after the
-        softcap (flash-attn's convention). Same kind of array as q.
+        softcap (flash-attn's convention). Same kind of array as q; float64 is converted to
+        float32 once (by the array's own library).
     score_mod : callable, optional
         ``score_mod(score, b, h, q_idx, kv_idx) -> float`` (FlexAttention's): a plain Python
         function applied to every score after the softcap and ALiBi, before the mask; ``b`` is
@@ -89,7 +91,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         hides a pair like a mask, but only masks let tiles be skipped.
     return_lse : bool
         Also return the log-sum-exp of each query row.
-    cu_seqlens_q, cu_seqlens_k : int32 arrays (batch + 1,), optional
+    cu_seqlens_q, cu_seqlens_k : int32 arrays (batch + 1,), optional (int64 is converted)
         Packed variable-length batch (flash-attn's varlen layout): q is then (total_q, heads_q,
         head_dim) and k, v (total_k, heads_kv, head_dim); sequence s owns rows
         ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` of q and ``cu_seqlens_k[s]:cu_seqlens_k[s+1]`` of
@@ -102,6 +104,11 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         is allowed only under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``).
     stream : optional
         CUDA stream for the GPU backend (default: the current stream); must be None in CPU mode.
+    check_inputs : bool
+        GPU ``cu_seqlens`` are not read back (no synchronisation), so the kernels trust them.
+        True copies them to the host once (one synchronisation) and runs CPU mode's checks:
+        start at 0, non-decreasing, end at the packed length, fit int32, max_seqlen_q/k at
+        least the longest sequence (the same ValueError). NumPy inputs are always checked.
 
     Returns
     -------
@@ -146,7 +153,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
                        return_lse=return_lse, backend=backend, stream=stream,
                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                       max_seqlen_k=max_seqlen_k, score_mod=score_mod)
+                       max_seqlen_k=max_seqlen_k, score_mod=score_mod,
+                       check_inputs=check_inputs)
     options = dict(softmax_scale=problem.softmax_scale, causal=problem.causal,
                    window_size=problem.window_size, sinks=problem.sinks, mask=problem.mask,
                    softcap=problem.softcap, return_lse=problem.return_lse)

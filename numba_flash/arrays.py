@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ArrayInfo", "describe", "describe_all", "bfloat16_dtype", "dtype_name", "ACCEPTED"]
+__all__ = ["ArrayInfo", "describe", "describe_all", "bfloat16_dtype", "dtype_name", "ACCEPTED",
+           "to_host", "as_dtype", "int32_indices"]
 
 ACCEPTED = ("a NumPy ndarray (CPU mode), or a GPU array exposing __cuda_array_interface__ "
             "(CuPy array, PyTorch CUDA tensor, Numba device array)")
@@ -236,3 +237,82 @@ def describe_all(**arrays) -> dict:
             raise ValueError(f"{first} and {other} must be on the same GPU, got {first} on "
                              f"device {a.device} and {other} on device {b.device}")
     return infos
+
+
+def _library(obj) -> str:
+    return type(obj).__module__.split(".")[0]
+
+
+def to_host(obj) -> np.ndarray:
+    """A NumPy copy of the array ``obj``, made by its own library: NumPy arrays as they are,
+    PyTorch tensors through ``.detach().cpu().numpy()``, CuPy arrays through ``cupy.asnumpy``,
+    Numba device arrays through ``copy_to_host``, any other ``__cuda_array_interface__`` object
+    through ``numba.cuda.as_cuda_array``. For GPU arrays this synchronises with the device."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    library = _library(obj)
+    if library == "torch":
+        return obj.detach().cpu().numpy()
+    if library == "cupy":
+        import cupy
+
+        return cupy.asnumpy(obj)
+    if hasattr(obj, "copy_to_host"):
+        return obj.copy_to_host()
+    from numba import cuda
+
+    return cuda.as_cuda_array(obj).copy_to_host()
+
+
+def as_dtype(obj, dtype, info: ArrayInfo | None = None):
+    """``obj`` converted to ``dtype`` by its own library (``astype`` for NumPy and CuPy,
+    ``.to`` for PyTorch), on its device and on the current stream; ``obj`` itself, at no cost,
+    when it has that dtype already. ``info``: ``describe(obj)`` when the caller has it.
+    Values are converted as the library does it (no range check: see ``int32_indices``)."""
+    dtype = np.dtype(dtype)
+    info = info or describe(obj, "array")
+    if info.dtype == dtype:
+        return obj
+    if info.kind == "numpy":
+        return obj.astype(dtype)
+    library = _library(obj)
+    if library == "torch":
+        import torch
+
+        return obj.to(getattr(torch, dtype.name))
+    if library == "cupy":
+        return obj.astype(dtype)
+    try:
+        import cupy
+    except ImportError:
+        from numba import cuda
+
+        return cuda.to_device(np.ascontiguousarray(to_host(obj).astype(dtype)))
+    return cupy.asarray(obj).astype(dtype)
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def int32_indices(obj, name: str, info: ArrayInfo | None = None):
+    """The integer index array ``obj`` (argument ``name``) as int32, the kernels' index type.
+
+    int32 passes through untouched; other integer dtypes (NumPy's default int64, PyTorch's
+    int64...) are converted once by the array's own library. NumPy values that do not fit int32
+    raise ValueError naming the first one; GPU values are not read back here (that would
+    synchronise): ``check_inputs=True`` checks them on a host copy. Non-integer dtypes raise
+    TypeError."""
+    info = info or describe(obj, name)
+    if info.dtype == np.int32:
+        return obj
+    if info.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers (int32, or int64 converted to int32), got "
+                        f"dtype {info.dtype}")
+    if info.kind == "numpy" and obj.size:
+        bad = (obj < _INT32.min) | (obj > _INT32.max)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{name} must fit int32 (the kernels' index type), got "
+                             f"{name}[{', '.join(map(str, where))}] = {int(obj[where])}; expected "
+                             f"values in [{_INT32.min}, {_INT32.max}]")
+    return as_dtype(obj, np.int32, info)

@@ -12,13 +12,15 @@ as built, with seqlen_k = n for each sequence (CPU path only), and must fit ever
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from numba_flash_reference.attention import check_softmax_scale
 from numba_flash_reference.masks import TreeMask
 
-from .arrays import describe_all
-from .validation import check_dtypes, check_options, resolve_backend
+from .arrays import describe_all, int32_indices, to_host
+from .validation import check_bool, check_dtypes, check_options, resolve_backend
 
 __all__ = ["decode", "decode_cpu", "gather_cache"]
 
@@ -26,13 +28,14 @@ _Q = "(batch, seqlen_q, heads_q, head_dim)"
 _KV = "(batch, max_seqlen, heads_kv, head_dim)"
 _PAGED = "(num_pages, page_size, heads_kv, head_dim)"
 MAX_TREE_NODES_GPU = 64
+MAX_SEQLEN_Q = 64      # query rows per sequence: the documented limit of every backend
 
 
 def _check_int_array(info, name, ndim, expected_shape, layout):
     if len(info.shape) != ndim:
         raise ValueError(f"{name} must have shape {layout}, got {info.shape}")
-    if info.dtype != np.int32:
-        raise TypeError(f"{name} must be int32, got {info.dtype}")
+    if info.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be int32 (int64 is converted), got {info.dtype}")
     if expected_shape is not None and tuple(info.shape[:len(expected_shape)]) != expected_shape:
         raise ValueError(f"{name} must have shape {layout} with batch {expected_shape[0]}, got "
                          f"{info.shape}")
@@ -119,22 +122,23 @@ def decode_cpu(q, k_cache, v_cache, cache_seqlens, block_table, *, softmax_scale
 def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax_scale=None,
            causal=True, window_size=(-1, -1), sinks=0, mask=None, softcap=None,
            num_splits="auto", return_lse=False, backend="auto", stream=None,
-           check_indices=None):
+           check_inputs=False, check_indices=None):
     """Attention of new query rows over a KV cache (FlashDecoding: split-KV, then merge).
 
     Parameters
     ----------
     q : array (batch, seqlen_q, heads_q, head_dim)
-        The new queries (seqlen_q = 1 for plain decoding, up to 64 for speculative verification).
+        The new queries: seqlen_q = 1 for plain decoding, at most 64 (speculative
+        verification); more raises ValueError (use ``attention`` for a prefill).
     k_cache, v_cache : arrays (batch, max_seqlen, heads_kv, head_dim), or paged
         (num_pages, page_size, heads_kv, head_dim) together with ``block_table``. Same dtype as
         q: float16 / bfloat16 on the GPU; float16, bfloat16, float32, float64 on NumPy.
-    cache_seqlens : int32 array (batch,), optional
+    cache_seqlens : int32 array (batch,), optional (int64 is converted once)
         Valid length n of each sequence, new tokens included (the queries are its last
         seqlen_q positions). Default: the full capacity (max_seqlen, or max_pages * page_size);
         then the GPU kernel reads no lengths (a full cache needs no length array). n = 0 gives
         output 0 and lse -inf.
-    block_table : int32 array (batch, max_pages), optional
+    block_table : int32 array (batch, max_pages), optional (int64 is converted once)
         Page indices: key j of sequence b is row ``j % page_size`` of page
         ``block_table[b, j // page_size]``.
     softmax_scale, causal, window_size, sinks, softcap, return_lse :
@@ -147,10 +151,13 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
         docs/decode.md); 1 skips the merge kernel. Results agree to rounding for any value.
     backend : {"auto", "cpu", "cuda"}
     stream : CUDA stream for GPU arrays (default: the current one).
-    check_indices : bool, optional
-        Range-check cache_seqlens and block_table on the host. Default: True for NumPy arrays,
-        False for GPU arrays (checking copies them to the host and synchronises; the kernel
-        clamps indices for memory safety but then computes garbage).
+    check_inputs : bool
+        GPU cache_seqlens and block_table are not read back (no synchronisation; the kernel
+        clamps indices for memory safety but then computes garbage). True copies them to the
+        host once (one synchronisation, so not inside a CUDA-graph capture) and runs CPU mode's
+        checks: every length in [0, capacity], every page a sequence uses in [0, num_pages),
+        values that fit int32 (the same ValueError). NumPy inputs are always checked.
+        ``check_indices`` is its former name, still accepted.
 
     Returns
     -------
@@ -168,9 +175,50 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
         backend=backend, causal=causal, return_lse=return_lse, window_size=window_size,
         sinks=sinks, mask=mask, softcap=softcap)
     num_splits = _check_num_splits(num_splits)
+    check_inputs = check_bool("check_inputs", check_inputs if check_indices is None
+                              else check_indices)
+    geometry = _check_geometry(infos, block_table is not None)
+    softmax_scale = check_softmax_scale(softmax_scale, geometry.head_dim)
+    chosen = resolve_backend(backend, kind, stream)
+    tree = mask if isinstance(mask, TreeMask) else None
+    if chosen == "cuda":
+        _check_gpu_mask(mask, tree)
+    if kind == "numpy" or check_inputs:
+        _check_indices(infos, cache_seqlens, block_table, geometry, tree)
+    if cache_seqlens is not None:
+        cache_seqlens = int32_indices(cache_seqlens, "cache_seqlens", infos["cache_seqlens"])
+    if block_table is not None:
+        block_table = int32_indices(block_table, "block_table", infos["block_table"])
+    options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                   sinks=sinks, softcap=softcap, return_lse=return_lse)
+    if chosen == "cpu":
+        if cache_seqlens is None:
+            cache_seqlens = np.full(geometry.batch, geometry.capacity, dtype=np.int32)
+        if mask is not None and tree is None:
+            for n in sorted(set(int(x) for x in cache_seqlens if x > 0)):
+                mask._check_sizes(geometry.seqlen_q, n)
+        return decode_cpu(q, k_cache, v_cache, np.asarray(cache_seqlens), block_table,
+                          mask=mask, **options)
+    from .cuda.launch.decode import decode_cuda
 
+    return decode_cuda(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                       tree_parents=tree.parents if tree is not None else None,
+                       num_splits=num_splits, stream=stream, **options)
+
+
+class _Geometry(NamedTuple):
+    batch: int
+    seqlen_q: int
+    head_dim: int
+    capacity: int      # keys a sequence can hold
+    num_pages: int     # pages of a paged cache (batch for a contiguous one)
+    page_size: int
+
+
+def _check_geometry(infos: dict, paged: bool) -> _Geometry:
+    """Shapes and dtypes of q, k_cache, v_cache and the index arrays (ValueError / TypeError
+    naming the argument); returns the sizes decode needs."""
     qi, ki, vi = infos["q"], infos["k_cache"], infos["v_cache"]
-    paged = block_table is not None
     for name, info, layout in (("q", qi, _Q), ("k_cache", ki, _PAGED if paged else _KV),
                                ("v_cache", vi, _PAGED if paged else _KV)):
         if len(info.shape) != 4:
@@ -182,62 +230,50 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
     if min(qi.shape) < 1 or min(ki.shape) < 1:
         raise ValueError(f"q and k_cache must have every dimension >= 1, got q {qi.shape} and "
                          f"k_cache {ki.shape}")
+    if seqlen_q > MAX_SEQLEN_Q:
+        raise ValueError(f"q must have seqlen_q <= {MAX_SEQLEN_Q} (new tokens per sequence: 1 "
+                         f"for decoding, up to {MAX_SEQLEN_Q} for speculative verification), "
+                         f"got q.shape[1] = {seqlen_q}; use numba_flash.attention for longer "
+                         f"query blocks")
     if ki.shape[3] != head_dim:
         raise ValueError(f"q and k_cache must have the same head_dim, got q.shape[3]={head_dim} "
                          f"and k_cache.shape[3]={ki.shape[3]}")
-    heads_kv = ki.shape[2]
-    if heads_q % heads_kv:
+    if heads_q % ki.shape[2]:
         raise ValueError(f"heads_q must be a multiple of heads_kv, got q.shape[2]={heads_q} and "
-                         f"k_cache.shape[2]={heads_kv}")
+                         f"k_cache.shape[2]={ki.shape[2]}")
     check_dtypes(infos, ("q", "k_cache", "v_cache"))
-    if paged:
-        _check_int_array(infos["block_table"], "block_table", 2, (batch,), "(batch, max_pages)")
-        page_size = ki.shape[1]
-        capacity = infos["block_table"].shape[1] * page_size
-        num_pages = ki.shape[0]
-    else:
+    if "cache_seqlens" in infos:
+        _check_int_array(infos["cache_seqlens"], "cache_seqlens", 1, (batch,), "(batch,)")
+    if not paged:
         if ki.shape[0] != batch:
             raise ValueError(f"k_cache must have shape {_KV} with batch {batch} (q.shape[0]), got "
                              f"{ki.shape}; pass block_table for a paged cache")
-        page_size, capacity, num_pages = ki.shape[1], ki.shape[1], batch
-    if cache_seqlens is not None:
-        _check_int_array(infos["cache_seqlens"], "cache_seqlens", 1, (batch,), "(batch,)")
-    softmax_scale = check_softmax_scale(softmax_scale, head_dim)
-    chosen = resolve_backend(backend, kind, stream)
-    tree = mask if isinstance(mask, TreeMask) else None
-    if chosen == "cuda":
-        if mask is not None and tree is None:
-            raise NotImplementedError(f"decode on the GPU supports masks.tree only, got {mask!r}; "
-                                      f"use causal / window_size / sinks, or NumPy arrays (CPU "
-                                      f"mode) for other masks")
-        if tree is not None and len(tree.parents) > MAX_TREE_NODES_GPU:
-            raise ValueError(f"mask: a tree of at most {MAX_TREE_NODES_GPU} nodes on the GPU, got "
-                             f"{len(tree.parents)}")
+        return _Geometry(batch, seqlen_q, head_dim, ki.shape[1], batch, ki.shape[1])
+    _check_int_array(infos["block_table"], "block_table", 2, (batch,), "(batch, max_pages)")
+    return _Geometry(batch, seqlen_q, head_dim, infos["block_table"].shape[1] * ki.shape[1],
+                     ki.shape[0], ki.shape[1])
 
-    full = cache_seqlens is None
-    if full and chosen == "cpu":
-        cache_seqlens = _full_lengths(kind, q, batch, capacity)
-    if check_indices is None:
-        check_indices = kind == "numpy"
-    if check_indices:
-        host = _to_host if kind != "numpy" else np.asarray
-        lens = np.full(batch, capacity, dtype=np.int32) if full else host(cache_seqlens)
-        _check_values(lens, host(block_table) if paged else None, capacity,
-                      num_pages, page_size, len(tree.parents) if tree is not None else 0)
-    options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                   sinks=sinks, softcap=softcap, return_lse=return_lse)
-    if chosen == "cpu":
-        if mask is not None and tree is None:
-            lens = np.asarray(cache_seqlens)
-            for n in sorted(set(int(x) for x in lens if x > 0)):
-                mask._check_sizes(seqlen_q, n)
-        return decode_cpu(q, k_cache, v_cache, np.asarray(cache_seqlens), block_table,
-                          mask=mask, **options)
-    from .cuda.launch.decode import decode_cuda
 
-    return decode_cuda(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
-                       tree_parents=tree.parents if tree is not None else None,
-                       num_splits=num_splits, stream=stream, **options)
+def _check_gpu_mask(mask, tree) -> None:
+    if mask is not None and tree is None:
+        raise NotImplementedError(f"decode on the GPU supports masks.tree only, got {mask!r}; "
+                                  f"use causal / window_size / sinks, or NumPy arrays (CPU "
+                                  f"mode) for other masks")
+    if tree is not None and len(tree.parents) > MAX_TREE_NODES_GPU:
+        raise ValueError(f"mask: a tree of at most {MAX_TREE_NODES_GPU} nodes on the GPU, got "
+                         f"{len(tree.parents)}")
+
+
+def _check_indices(infos, cache_seqlens, block_table, geometry: _Geometry, tree) -> None:
+    """CPU mode's value checks of cache_seqlens and block_table, on host copies (one copy of
+    each GPU array, made by its own library: a synchronisation)."""
+    if cache_seqlens is None:
+        lens = np.full(geometry.batch, geometry.capacity, dtype=np.int32)
+    else:
+        lens = int32_indices(to_host(cache_seqlens), "cache_seqlens")
+    table = None if block_table is None else int32_indices(to_host(block_table), "block_table")
+    _check_values(lens, table, geometry.capacity, geometry.num_pages, geometry.page_size,
+                  len(tree.parents) if tree is not None else 0)
 
 
 def _full_lengths(kind, like, batch, capacity):
@@ -251,11 +287,3 @@ def _full_lengths(kind, like, batch, capacity):
     import cupy
 
     return cupy.asarray(lens)
-
-
-def _to_host(x):
-    if type(x).__module__.split(".")[0] == "torch":
-        return x.cpu().numpy()
-    import cupy
-
-    return cupy.asnumpy(cupy.asarray(x))

@@ -17,11 +17,11 @@ from numba_flash_reference.attention import (check_alibi_slopes, check_score_mod
 from numba_flash_reference.masks import (CausalMask, Mask, SlidingWindowMask, check_window_size,
                                          mask_from_flags)
 
-from .arrays import describe, describe_all, dtype_name
+from .arrays import as_dtype, describe, describe_all, dtype_name
 
 __all__ = ["Problem", "validate", "SUPPORTED_DTYPES", "BACKENDS", "cuda_simulator_enabled",
            "check_bool", "check_sinks", "check_mask", "check_backend_value", "resolve_backend",
-           "Options", "check_options", "check_dtypes"]
+           "Options", "check_options", "check_dtypes", "check_sinks_window"]
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
 BACKENDS = ("auto", "cpu", "cuda")
@@ -125,12 +125,25 @@ class Options(NamedTuple):
     softcap: float | None
 
 
+def check_sinks_window(sinks: int, window_size: tuple) -> None:
+    """ValueError when ``sinks > 0`` meets an unbounded left window, where sinks would be
+    silently ignored: every earlier key, the sinks included, is visible already."""
+    if sinks > 0 and window_size[0] < 0:
+        raise ValueError(f"sinks={sinks} has no effect with an unbounded left window "
+                         f"(window_size={window_size}): every earlier key, the first {sinks} "
+                         f"included, is visible already. Attention sinks go with a sliding "
+                         f"window: pass window_size=(left, right) with left >= 0, or sinks=0")
+
+
 def check_options(*, backend, causal, return_lse, window_size, sinks, mask, softcap) -> Options:
     """Check the shared options (TypeError/ValueError naming the argument); return them
-    normalised: window_size as two ints, softcap None for "off" (None or 0.0)."""
-    return Options(check_backend_value(backend), check_bool("causal", causal),
-                   check_bool("return_lse", return_lse), check_window_size(window_size),
-                   check_sinks(sinks), check_mask(mask), check_softcap(softcap))
+    normalised: window_size as two ints, softcap None for "off" (None or 0.0). ``sinks > 0``
+    needs a bounded left window (``check_sinks_window``)."""
+    options = Options(check_backend_value(backend), check_bool("causal", causal),
+                      check_bool("return_lse", return_lse), check_window_size(window_size),
+                      check_sinks(sinks), check_mask(mask), check_softcap(softcap))
+    check_sinks_window(options.sinks, options.window_size)
+    return options
 
 
 def lower_window_mask(causal: bool, window_size: tuple, sinks: int, mask):
@@ -254,16 +267,21 @@ def _packed_as_batch(infos: dict) -> dict:
 
 
 def _check_alibi(alibi_slopes, kind: str, batch: int, heads_q: int):
+    """alibi_slopes as float32 (heads_q,) or (batch, heads_q), of q's kind: float64 (NumPy's
+    default) is converted once by the array's own library, float32 passes untouched."""
     if alibi_slopes is None:
         return None
     info = describe(alibi_slopes, "alibi_slopes")
     if info.kind != kind:
         raise TypeError(f"alibi_slopes must live where q does, got {info.type_name}")
-    if info.dtype != np.float32:
-        raise TypeError(f"alibi_slopes must be float32 (flash-attn's convention), got {info.dtype}")
+    if info.dtype not in (np.float32, np.float64):
+        raise TypeError(f"alibi_slopes must be float32 (flash-attn's convention; float64 is "
+                        f"converted), got {info.dtype}")
     if info.shape not in ((heads_q,), (batch, heads_q)):
         raise ValueError(f"alibi_slopes must have shape (heads_q,) = ({heads_q},) or (batch, "
                          f"heads_q) = ({batch}, {heads_q}), got {info.shape}")
+    with np.errstate(over="ignore"):   # a float64 slope beyond float32 becomes inf: refused below
+        alibi_slopes = as_dtype(alibi_slopes, np.float32, info)
     if kind == "numpy":
         check_alibi_slopes(alibi_slopes, batch, heads_q)
     return alibi_slopes
@@ -272,23 +290,27 @@ def _check_alibi(alibi_slopes, kind: str, batch: int, heads_q: int):
 def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
              mask=None, softcap=None, return_lse=False, backend="auto", stream=None,
              alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-             max_seqlen_k=None, score_mod=None) -> Problem:
+             max_seqlen_k=None, score_mod=None, check_inputs=False) -> Problem:
     """Check every argument of ``numba_flash.attention`` and return the normalised Problem.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
     dtype among float16, bfloat16, float32, float64; all NumPy arrays or all GPU arrays.
     With cu_seqlens_q / cu_seqlens_k (varlen): q (total_q, heads_q, head_dim), k, v (total_k,
     heads_kv, head_dim); then batch is the number of sequences and seqlen_q / seqlen_k are
-    max_seqlen_q / max_seqlen_k. Raises TypeError / ValueError naming the offending argument.
+    max_seqlen_q / max_seqlen_k. ``check_inputs``: also check GPU cu_seqlens on a host copy
+    (one synchronisation), as NumPy ones always are. Raises TypeError / ValueError naming the
+    offending argument.
     """
     infos = describe_all(q=q, k=k, v=v)
+    check_inputs = check_bool("check_inputs", check_inputs)
     varlen = None
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         from .varlen import check_varlen
 
         packed = _packed_as_batch(infos)
         varlen = check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              infos["q"].shape[0], infos["k"].shape[0], infos["q"].kind)
+                              infos["q"].shape[0], infos["k"].shape[0], infos["q"].kind,
+                              check_inputs)
         infos = packed
     elif max_seqlen_q is not None or max_seqlen_k is not None:
         raise ValueError("max_seqlen_q / max_seqlen_k apply to packed batches only; pass "

@@ -15,7 +15,7 @@ import numpy as np
 
 from numba_flash_reference.masks import MaskModMask
 
-from .arrays import describe
+from .arrays import describe, int32_indices, to_host
 
 __all__ = ["Varlen", "check_varlen", "attention_varlen_cpu"]
 
@@ -44,28 +44,25 @@ def _check_max(name, value, total):
 
 
 def _host_offsets(name, arr, total):
-    arr = np.asarray(arr)
+    """Check the host offsets ``arr`` (argument ``name``, any integer dtype) of a packed length
+    ``total``: start at 0, non-decreasing, end at ``total``, fit int32. Returns them as int64."""
+    arr = np.asarray(int32_indices(np.asarray(arr), name)).astype(np.int64)
+    packed = "q" if name.endswith("_q") else "k"
     if arr[0] != 0:
         raise ValueError(f"{name} must start at 0, got {name}[0] = {arr[0]}")
-    steps = np.diff(arr.astype(np.int64))
+    steps = np.diff(arr)
     if (steps < 0).any():
         s = int(np.argmax(steps < 0))
         raise ValueError(f"{name} must be non-decreasing, got {name}[{s}] = {arr[s]} > "
                          f"{name}[{s + 1}] = {arr[s + 1]}")
     if arr[-1] != total:
-        raise ValueError(f"{name}[-1] must equal the packed length {total}, got {arr[-1]}")
-    return arr.astype(np.int64)
+        raise ValueError(f"{name}[-1] must equal the packed length {total} ({packed}.shape[0]), "
+                         f"got {name}[-1] = {arr[-1]}")
+    return arr
 
 
-def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q: int,
-                 total_k: int, kind: str) -> Varlen:
-    """Validate the varlen arguments for q with total_q rows and k with total_k rows.
-
-    cu_seqlens_q / cu_seqlens_k: int32 (B + 1,), both given, same kind as q ("numpy" or "cuda").
-    NumPy offsets are checked (start 0, non-decreasing, end at the total) and max_seqlen_q/k
-    default to the longest sequence; GPU offsets need max_seqlen_q and max_seqlen_k (ints bounding
-    every sequence: the grid is sized by them) and are not read back.
-    """
+def _offset_infos(cu_seqlens_q, cu_seqlens_k, kind: str) -> dict:
+    """ArrayInfo of both offset arrays: 1-D integer arrays of q's kind, of one length."""
     if cu_seqlens_q is None or cu_seqlens_k is None:
         missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
         raise ValueError(f"varlen attention needs both cu_seqlens_q and cu_seqlens_k; "
@@ -76,36 +73,60 @@ def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q
         if info.kind != kind:
             raise TypeError(f"{name} must live where q does ({'host' if kind == 'numpy' else 'GPU'}"
                             f" memory), got a {'NumPy' if info.kind == 'numpy' else 'GPU'} array")
-        if info.dtype != np.int32:
-            raise TypeError(f"{name} must be int32 (flash-attn's convention), got {info.dtype}")
+        if info.dtype.kind not in "iu":
+            raise TypeError(f"{name} must be int32 (flash-attn's convention; int64 is converted), "
+                            f"got {info.dtype}")
         if len(info.shape) != 1 or info.shape[0] < 1:
             raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {info.shape}")
         infos[name] = info
-    batch = infos["cu_seqlens_q"].shape[0] - 1
-    if infos["cu_seqlens_k"].shape[0] - 1 != batch:
+    if infos["cu_seqlens_k"].shape != infos["cu_seqlens_q"].shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
-                         f"got {batch + 1} and {infos['cu_seqlens_k'].shape[0]}")
+                         f"got {infos['cu_seqlens_q'].shape[0]} and "
+                         f"{infos['cu_seqlens_k'].shape[0]}")
+    return infos
+
+
+def _checked_max(host_q, host_k, max_seqlen_q, max_seqlen_k):
+    """max_seqlen_q / max_seqlen_k checked against the host offsets (None: the longest)."""
+    checked = []
+    for name, value, host in (("max_seqlen_q", max_seqlen_q, host_q),
+                              ("max_seqlen_k", max_seqlen_k, host_k)):
+        longest = int(np.diff(host).max(initial=0))
+        value = longest if value is None else _check_max(name, value, None)
+        if value < longest:
+            raise ValueError(f"{name} ({value}) is smaller than the longest sequence "
+                             f"({longest}); expected a value >= {longest}")
+        checked.append(value)
+    return checked
+
+
+def check_varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q: int,
+                 total_k: int, kind: str, check_inputs: bool = False) -> Varlen:
+    """Validate the varlen arguments for q with total_q rows and k with total_k rows.
+
+    cu_seqlens_q / cu_seqlens_k: integer (B + 1,) arrays (int32; int64 is converted once, by
+    the array's library), both given, same kind as q ("numpy" or "cuda"). NumPy offsets are
+    checked (start 0, non-decreasing, end at the total, fit int32) and max_seqlen_q/k default
+    to the longest sequence. GPU offsets need max_seqlen_q and max_seqlen_k (ints bounding every
+    sequence: the grid is sized by them) and are not read back, unless ``check_inputs``: then
+    they are copied to the host once (one synchronisation) and checked as NumPy ones are.
+    """
+    infos = _offset_infos(cu_seqlens_q, cu_seqlens_k, kind)
+    batch = infos["cu_seqlens_q"].shape[0] - 1
     host_q = host_k = None
-    if kind == "numpy":
-        host_q = _host_offsets("cu_seqlens_q", cu_seqlens_q, total_q)
-        host_k = _host_offsets("cu_seqlens_k", cu_seqlens_k, total_k)
-        longest_q = int(np.diff(host_q).max(initial=0))
-        longest_k = int(np.diff(host_k).max(initial=0))
-        if max_seqlen_q is None:
-            max_seqlen_q = longest_q
-        if max_seqlen_k is None:
-            max_seqlen_k = longest_k
-        for name, value, longest in (("max_seqlen_q", max_seqlen_q, longest_q),
-                                     ("max_seqlen_k", max_seqlen_k, longest_k)):
-            if _check_max(name, value, None) < longest:
-                raise ValueError(f"{name} ({value}) is smaller than the longest sequence "
-                                 f"({longest})")
-    else:
+    if kind == "numpy" or check_inputs:
+        host_q = _host_offsets("cu_seqlens_q", to_host(cu_seqlens_q), total_q)
+        host_k = _host_offsets("cu_seqlens_k", to_host(cu_seqlens_k), total_k)
+        max_seqlen_q, max_seqlen_k = _checked_max(host_q, host_k, max_seqlen_q, max_seqlen_k)
+    if kind != "numpy":
         for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
             if value is None:
                 raise ValueError(f"{name} is required with GPU cu_seqlens (they are not read "
                                  f"back to the host): pass the longest sequence length")
-    return Varlen(batch, cu_seqlens_q, cu_seqlens_k, _check_max("max_seqlen_q", max_seqlen_q, 0),
+        host_q = host_k = None   # GPU launches never read host offsets
+    cu_q = int32_indices(cu_seqlens_q, "cu_seqlens_q", infos["cu_seqlens_q"])
+    cu_k = int32_indices(cu_seqlens_k, "cu_seqlens_k", infos["cu_seqlens_k"])
+    return Varlen(batch, cu_q, cu_k, _check_max("max_seqlen_q", max_seqlen_q, 0),
                   _check_max("max_seqlen_k", max_seqlen_k, 0), host_q, host_k)
 
 

@@ -4,13 +4,15 @@ Scores ``s = scale * q.k`` (scale defaults to 1/sqrt(head_dim)), then ``softcap 
 softcap)`` when a softcap is given, then the ALiBi bias, then ``score_mod(s, b, h, q_idx, kv_idx)``
 when one is given, then the mask (``masks.mask_from_flags``: causal / window / sinks flags
 intersected with an optional ``Mask``). Softmax over the visible keys of each query row; a row
-with no visible key (or whose visible scores are all -inf) gives output 0 and lse -inf.
+with no visible key (or whose visible scores are all -inf) gives output 0 and lse -inf. NaN and inf
+in q, k, v reach exactly the rows that see them (``attention``'s docstring).
 
 The checks (``check_shapes``, ``check_softmax_scale``, ``check_softcap``, ``check_problem``) work on
 shapes and plain numbers, so a front end holding CuPy arrays can run them before dispatching.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import NamedTuple
 
@@ -149,11 +151,26 @@ def check_alibi_slopes(alibi_slopes, batch: int, heads_q: int) -> np.ndarray | N
 
 
 def check_score_mod(score_mod):
-    """``score_mod``: None or a callable ``fn(score, b, h, q_idx, kv_idx) -> float``."""
-    if score_mod is None or callable(score_mod):
+    """``score_mod``: None or a callable ``fn(score, b, h, q_idx, kv_idx) -> float`` that
+    accepts those 5 positional arguments (checked with ``inspect.signature`` where Python can
+    read one; builtins and other callables without a signature pass). TypeError naming
+    score_mod otherwise."""
+    if score_mod is None:
+        return None
+    if not callable(score_mod):
+        raise TypeError(f"score_mod must be None or a function fn(score, b, h, q_idx, kv_idx) "
+                        f"-> float, got {type(score_mod).__name__} {score_mod!r}")
+    try:
+        signature = inspect.signature(score_mod)
+    except (TypeError, ValueError):   # no readable signature (builtins, some C callables)
         return score_mod
-    raise TypeError(f"score_mod must be None or a function fn(score, b, h, q_idx, kv_idx) -> "
-                    f"float, got {type(score_mod).__name__} {score_mod!r}")
+    try:
+        signature.bind(*range(5))
+    except TypeError as exc:
+        name = getattr(score_mod, "__name__", type(score_mod).__name__)
+        raise TypeError(f"score_mod must accept 5 positional arguments (score, b, h, q_idx, "
+                        f"kv_idx), got {name}{signature} ({exc})") from None
+    return score_mod
 
 
 def apply_score_mod(score_mod, s: np.ndarray, b, h, q_idx, kv_idx) -> np.ndarray:
@@ -262,6 +279,73 @@ def scores_block(q_rows: np.ndarray, k_cols_t: np.ndarray, problem: Problem, row
     return (s, dcap) if with_softcap_grad else s
 
 
+def _scores(qc: np.ndarray, kt: np.ndarray, problem: Problem, r0: int, r1: int,
+            cols: np.ndarray) -> np.ndarray:
+    """Scores of query rows [r0, r1) against the key columns ``cols`` (1, c): float64
+    (B, Hkv, G, rows, c) after the scale, softcap, ALiBi, score_mod and the mask (invisible
+    pairs -inf). ``qc``: the rows' queries (B, Hkv, G, rows, D); ``kt``: (B, Hkv, 1, D, c)."""
+    b, sq, hq, hkv = problem.batch, problem.seqlen_q, problem.heads_q, problem.heads_kv
+    g = problem.group
+    with np.errstate(invalid="ignore", over="ignore"):   # inf / NaN inputs: IEEE results
+        s = np.matmul(qc, kt)
+        s *= problem.softmax_scale
+        if problem.softcap is not None:
+            s = problem.softcap * np.tanh(s / problem.softcap)
+    rows_ = np.arange(r0, r1)[:, None]
+    if problem.alibi_slopes is not None:  # -slope * |i - j| on aligned positions
+        dist = np.abs(rows_ + (problem.seqlen_k - sq) - cols).astype(np.float64)
+        s -= problem.alibi_slopes.reshape(b, hkv, g, 1, 1) * dist
+    if problem.score_mod is not None:   # batch b, query head h = kv head * g + index
+        s = apply_score_mod(problem.score_mod, s, np.arange(b).reshape(b, 1, 1, 1, 1),
+                            np.arange(hq).reshape(1, hkv, g, 1, 1),
+                            rows_ + (problem.seqlen_k - sq), cols)
+    if problem.mask is not None and problem.mask.depends_on_batch_head:
+        s[~visible_bh(problem.mask, b, hq, hkv, sq, problem.seqlen_k, rows_, cols)] = -np.inf
+    else:
+        s[..., ~visible_block(problem.mask, sq, problem.seqlen_k, rows_, cols)] = -np.inf
+    return s
+
+
+def _nonfinite_values(p: np.ndarray, reached: np.ndarray, vt: np.ndarray) -> np.ndarray:
+    """What the non-finite entries of v add to ``sum_j p[..., j] * v[j, d]`` over the pairs
+    that reach each row (``reached``: score not -inf): NaN where a NaN meets a reaching pair, or
+    an inf meets a zero weight (0 * inf), or infs of both signs meet; else +-inf where an inf
+    meets a positive weight; 0 elsewhere (no non-finite contribution). Shapes: p and reached
+    (B, Hkv, G, rows, Sk), vt (B, Hkv, 1, Sk, D); returns (B, Hkv, G, rows, D)."""
+    def hits(weight, cond):
+        return np.matmul(weight.astype(np.float64), cond.astype(np.float64)) > 0
+
+    positive = reached & (p > 0)
+    nan = hits(reached, np.isnan(vt)) | hits(reached & (p == 0), np.isinf(vt))
+    pos, neg = hits(positive, np.isposinf(vt)), hits(positive, np.isneginf(vt))
+    nan |= pos & neg
+    return np.where(nan, np.nan, np.where(pos, np.inf, np.where(neg, -np.inf, 0.0)))
+
+
+def _softmax_rows(s: np.ndarray, vt: np.ndarray, v_finite: bool):
+    """Softmax of the scores ``s`` (B, Hkv, G, rows, Sk; -inf = the pair does not reach the row)
+    applied to ``vt`` (B, Hkv, 1, Sk, D). Returns o (B, Hkv, G, rows, D) and lse
+    (B, Hkv, G, rows), with the rules of ``attention``'s docstring for empty and poisoned rows.
+    ``v_finite``: whether vt is all finite (skips the non-finite pass)."""
+    m = s.max(axis=-1, keepdims=True)         # NaN if a reaching score is NaN (np.max propagates)
+    empty = np.isneginf(m)                    # no reaching pair: out 0, lse -inf
+    poisoned = np.isnan(m) | np.isposinf(m)   # a NaN or +inf score: out NaN, lse NaN
+    shift = np.where(empty | poisoned, 0.0, m)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp(s - shift)
+        l = p.sum(axis=-1, keepdims=True)
+        o = np.matmul(p, vt if v_finite else np.where(np.isfinite(vt), vt, 0.0))
+        o = np.divide(o, l, out=np.zeros_like(o), where=~(empty | poisoned))
+        if not v_finite:
+            extra = _nonfinite_values(p, ~np.isneginf(s), vt)
+            o = np.where(extra != 0, extra, o)
+        with np.errstate(divide="ignore"):
+            lse = (shift + np.log(np.where(empty | poisoned, 1.0, l)))[..., 0]
+    o = np.where(poisoned, np.nan, np.where(empty, 0.0, o))
+    lse = np.where(poisoned[..., 0], np.nan, np.where(empty[..., 0], -np.inf, lse))
+    return o, lse
+
+
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
             col_start: int, col_stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Attention of every query row over key columns [col_start, col_stop) of the problem.
@@ -280,23 +364,14 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
     # (B, Hkv, 1, D, Sk) and (B, Hkv, 1, Sk, D): one kv head serves G query heads by broadcasting.
     kt = np.ascontiguousarray(k[:, col_start:col_stop].transpose(0, 2, 3, 1), np.float64)[:, :, None]
     vt = np.ascontiguousarray(v[:, col_start:col_stop].transpose(0, 2, 1, 3), np.float64)[:, :, None]
+    v_finite = bool(np.isfinite(vt).all())
     cols = np.arange(col_start, col_stop)[None, :]
     chunk = max(1, _CHUNK_ELEMENTS // (b * hq * ncols))
     for r0 in range(0, sq, chunk):
         r1 = min(sq, r0 + chunk)
         rows = r1 - r0
         qc = q[:, r0:r1].astype(np.float64).reshape(b, rows, hkv, g, d).transpose(0, 2, 3, 1, 4)
-        s = scores_block(qc, kt, problem, np.arange(r0, r1)[:, None], cols)
-        m = s.max(axis=-1, keepdims=True)
-        # Rows with no visible key have m = -inf; shifting by 0 keeps exp(-inf - 0) = 0, not NaN.
-        m = np.where(np.isneginf(m), 0.0, m)
-        p = np.exp(s - m)
-        l = p.sum(axis=-1, keepdims=True)
-        o = np.matmul(p, vt)
-        nonempty = l > 0
-        o = np.divide(o, l, out=np.zeros_like(o), where=nonempty)
-        with np.errstate(divide="ignore"):
-            lc = np.where(nonempty, m + np.log(l), -np.inf)[..., 0]  # (B, Hkv, G, rows)
+        o, lc = _softmax_rows(_scores(qc, kt, problem, r0, r1, cols), vt, v_finite)
         out[:, r0:r1] = o.transpose(0, 3, 1, 2, 4).reshape(b, rows, hq, d)
         lse[:, :, r0:r1] = lc.reshape(b, hq, rows)
     return out, lse
@@ -321,7 +396,17 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
 
     Returns out, float64 (batch, seqlen_q, heads_q, head_dim); with ``return_lse`` the tuple
     (out, lse), lse float64 (batch, heads_q, seqlen_q), the natural-log log-sum-exp of each row's
-    visible scores. A row with no visible key has out 0 and lse -inf. Query rows are processed
+    visible scores. A row with no visible key has out 0 and lse -inf.
+
+    Non-finite values propagate to exactly the rows they reach (IEEE arithmetic on the visible
+    pairs; invisible pairs are left out of every sum, never multiplied by 0). A pair (i, j)
+    *reaches* row i when key j is visible to it and its final score s (after scale, softcap,
+    ALiBi, score_mod) is not -inf; a -inf score acts like the mask. Per (batch, query head) row:
+    a NaN or +inf among its reaching scores (NaN in q or k, or inf * 0, inf - inf, +inf from an
+    inf in q or k) makes out[i, :] and lse[i] NaN; a row with no reaching pair keeps out 0 and
+    lse -inf; otherwise lse is finite and out[i, d] is non-finite exactly when some reaching key
+    j has a non-finite v[j, d] (NaN, or +-inf where a weight is positive and the infs share one
+    sign). docs/api.md, "Non-finite inputs", states the rules with examples. Query rows are processed
     in chunks of about 2**21 scores (16 MiB per float64 temporary; at least one row per chunk),
     so memory beyond the inputs, the float64 copies of k and v, and the output stays bounded.
     """

@@ -38,17 +38,28 @@ def merge_states(o_a, lse_a, o_b, lse_b) -> tuple[np.ndarray, np.ndarray]:
     (..., H, S); any real dtype, same shapes. Returns (o, lse) float64 with
     ``lse = logaddexp(lse_a, lse_b)`` and ``o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b``.
     A state with lse = -inf contributes nothing (whatever its o holds); both -inf gives o = 0,
-    lse = -inf, never NaN.
+    lse = -inf, never NaN. Non-finite values propagate (``_included``): a NaN or +inf lse makes
+    the whole merged row NaN (o and lse); a non-finite o entry of a state with a finite lse makes
+    that merged entry non-finite.
     """
     o_a, lse_a = _check_state(o_a, lse_a, "a")
     o_b, lse_b = _check_state(o_b, lse_b, "b")
     if o_a.shape != o_b.shape:
         raise ValueError(f"o_a and o_b must have the same shape, got {o_a.shape} and {o_b.shape}")
-    lse = np.logaddexp(lse_a, lse_b)
-    shift = np.where(np.isneginf(lse), 0.0, lse)
-    w_a, w_b = _per_row(np.exp(lse_a - shift)), _per_row(np.exp(lse_b - shift))
-    o = np.where(w_a > 0, w_a * o_a, 0.0) + np.where(w_b > 0, w_b * o_b, 0.0)
+    with np.errstate(invalid="ignore"):
+        lse = np.logaddexp(lse_a, lse_b)
+        shift = np.where(np.isneginf(lse), 0.0, lse)
+        w_a, w_b = _per_row(np.exp(lse_a - shift)), _per_row(np.exp(lse_b - shift))
+        o = _included(lse_a, w_a * o_a) + _included(lse_b, w_b * o_b)
     return o, lse
+
+
+def _included(lse, weighted):
+    """A state's weighted output ``weighted`` (..., S, H, D), or 0 where the state is empty
+    (its ``lse`` (..., H, S) is -inf: the merge's identity, whatever its o holds). Only emptiness
+    is tested, not the weight, so a NaN or inf in a non-empty state's o propagates even where its
+    weight underflows to 0 (0 * NaN = NaN), as the same product does in a kernel."""
+    return np.where(_per_row(np.isneginf(lse)), 0, weighted)
 
 
 def _merge_pair(ar: Arithmetic, o_a, lse_a, o_b, lse_b):
@@ -63,7 +74,7 @@ def _merge_pair(ar: Arithmetic, o_a, lse_a, o_b, lse_b):
     safe = np.where(empty, ar.store.type(1), total)
     lse = np.where(empty, -np.inf, ar.add(big, ar.func(np.log, safe))).astype(ar.store)
     f_a, f_b = _per_row(ar.div(w_a, safe)), _per_row(ar.div(w_b, safe))
-    o = ar.add(np.where(f_a > 0, ar.mul(f_a, o_a), 0), np.where(f_b > 0, ar.mul(f_b, o_b), 0))
+    o = ar.add(_included(lse_a, ar.mul(f_a, o_a)), _included(lse_b, ar.mul(f_b, o_b)))
     return o.astype(ar.store), lse
 
 
@@ -81,9 +92,9 @@ def _merge_flat(ar: Arithmetic, outs, lses):
     safe = np.where(empty, ar.store.type(1), total)
     lse = np.where(empty, -np.inf, ar.add(big, ar.func(np.log, safe))).astype(ar.store)
     o = np.zeros_like(outs[0])
-    for w, part in zip(weights, outs):
+    for w, part, lse_i in zip(weights, outs, lses):
         f = _per_row(ar.div(w, safe))
-        o = ar.add(o, np.where(f > 0, ar.mul(f, part), 0)).astype(ar.store)
+        o = ar.add(o, _included(lse_i, ar.mul(f, part))).astype(ar.store)
     return o, lse
 
 
@@ -99,7 +110,9 @@ def merge_many(outs, lses, order: str = "sequential", dtype="float64"):
       * "flat": one pass, as a combine kernel does it: m = max lse_i, w_i = exp(lse_i - m),
         W = sum w_i (left to right), lse = m + log W, o = sum (w_i / W) o_i.
     Pairwise merges compute m = max(lse_a, lse_b), w = exp(lse - m), lse = m + log(w_a + w_b),
-    o = (w_a / (w_a + w_b)) o_a + (w_b / (w_a + w_b)) o_b. States with lse = -inf are identities.
+    o = (w_a / (w_a + w_b)) o_a + (w_b / (w_a + w_b)) o_b. States with lse = -inf are
+    identities; a NaN or +inf lse makes the row NaN, and non-finite o entries of non-empty
+    states propagate (see ``merge_states``).
     Returns (o, lse) as float64 arrays holding values of that precision.
     """
     outs, lses = list(outs), list(lses)

@@ -353,7 +353,7 @@ def test_block_table_out_of_range():
 
 
 @pytest.mark.parametrize("kwargs, exc, pattern", [
-    (dict(cache_seqlens=np.array([1, 2], np.int64)), TypeError, "cache_seqlens must be int32"),
+    (dict(cache_seqlens=np.array([1, 2], np.float32)), TypeError, "cache_seqlens must be int32"),
     (dict(cache_seqlens=np.array([1], np.int32)), ValueError, r"cache_seqlens must have shape"),
     (dict(block_table=np.zeros((2, 3), np.float32)), TypeError, "block_table must be int32"),
     (dict(block_table=np.zeros((3, 3), np.int32)), ValueError, "block_table must have shape"),

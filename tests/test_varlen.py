@@ -74,7 +74,7 @@ def test_varlen_validation_messages():
     with pytest.raises(ValueError, match="cu_seqlens_k is None"):
         numba_flash.attention(q, k, v, cu_seqlens_q=cu_q)
     with pytest.raises(TypeError, match="int32"):
-        numba_flash.attention(q, k, v, cu_seqlens_q=cu_q.astype(np.int64), cu_seqlens_k=cu_k)
+        numba_flash.attention(q, k, v, cu_seqlens_q=cu_q.astype(np.float32), cu_seqlens_k=cu_k)
     with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\] must equal the packed length 5"):
         numba_flash.attention(q, k, v, cu_seqlens_q=np.array([0, 2, 4], np.int32),
                               cu_seqlens_k=cu_k)

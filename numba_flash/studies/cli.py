@@ -7,7 +7,7 @@ import sys
 from . import STUDIES, run_study
 from ._gpu import GPU_CHOICES
 
-__all__ = ["add_arguments", "run_from_args", "main", "study_help"]
+__all__ = ["add_arguments", "run_from_args", "main", "study_help", "missing_requirement"]
 
 
 def study_help() -> str:
@@ -30,8 +30,33 @@ def add_arguments(parser: argparse.ArgumentParser, *, with_name: bool = True) ->
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def missing_requirement(gpu: str) -> str | None:
+    """None when a study can run with this ``gpu`` choice, else one line saying what is
+    missing and how to install it: matplotlib (the plot extra) draws every study's figure;
+    ``gpu="on"`` needs CuPy, a CUDA GPU and the CUDA backend."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return ("the studies draw their figures with matplotlib, which is not installed: "
+                "pip install 'numba-flash[plot]' (or pip install -e \".[plot]\" in a clone)")
+    if gpu == "on":
+        from ._gpu import _why_no_gpu
+
+        why = _why_no_gpu()
+        if why is not None:
+            return (f"--gpu on needs CuPy and a CUDA GPU, but {why}: install the cuda12 or "
+                    f"cuda13 extra on a GPU machine (pip install 'numba-flash[cuda12]'), or "
+                    f"use --gpu auto (GPU part when present) or --gpu off")
+    return None
+
+
 def run_from_args(args: argparse.Namespace, name: str | None = None) -> int:
-    """Run the study the parsed ``args`` ask for, print its summary and files; returns 0."""
+    """Run the study the parsed ``args`` ask for, print its summary and files; returns 0, or
+    2 with one line on stderr when a requirement is missing (``missing_requirement``)."""
+    missing = missing_requirement(args.gpu)
+    if missing is not None:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     result = run_study(name or args.name, size="tiny" if args.tiny else "full", out_dir=args.out,
                        gpu=args.gpu, progress=not args.no_progress)
     print("\n".join(result.summary))
