@@ -12,17 +12,22 @@ _CUDA_MISSING = ("the CUDA backend is not available yet: numba_flash.cuda.launch
                  "(backend='auto' or 'cpu')")
 
 
-def load_cuda_entry(module_name: str, entry_name: str, missing: str):
-    """``module_name.entry_name`` (a CUDA entry point), imported on first use so that
-    ``import numba_flash`` stays light; NotImplementedError(``missing``) while the module or the
-    function is absent from this installation."""
+def load_cuda_module(module_name: str, missing: str):
+    """The CUDA runtime module ``module_name``, imported on first use so that ``import
+    numba_flash`` stays light; NotImplementedError(``missing``) while it is absent from this
+    installation."""
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name in ("numba_flash.cuda", "numba_flash.cuda.launch", module_name):
             raise NotImplementedError(missing) from exc
         raise
-    entry = getattr(module, entry_name, None)
+
+
+def load_cuda_entry(module_name: str, entry_name: str, missing: str):
+    """``module_name.entry_name`` (a CUDA entry point); NotImplementedError(``missing``) while
+    the module or the function is absent from this installation."""
+    entry = getattr(load_cuda_module(module_name, missing), entry_name, None)
     if entry is None:
         raise NotImplementedError(missing)
     return entry
@@ -31,13 +36,16 @@ def load_cuda_entry(module_name: str, entry_name: str, missing: str):
 # The runtime's repeated-call path (numba_flash.cuda.launch.attention.attention_fast), set when
 # the CUDA runtime is first loaded: until then no GPU call has been made and none can repeat.
 _FAST = [None]
+_ATTENTION_RUNTIME = "numba_flash.cuda.launch.attention"
 
 
 def _load_attention_cuda():
     """The CUDA entry point of the forward (and, once loaded, its repeated-call path)."""
-    entry = load_cuda_entry("numba_flash.cuda.launch.attention", "attention_cuda", _CUDA_MISSING)
-    _FAST[0] = load_cuda_entry("numba_flash.cuda.launch.attention", "attention_fast",
-                               _CUDA_MISSING)
+    module = load_cuda_module(_ATTENTION_RUNTIME, _CUDA_MISSING)
+    entry = getattr(module, "attention_cuda", None)
+    if entry is None:
+        raise NotImplementedError(_CUDA_MISSING)
+    _FAST[0] = getattr(module, "attention_fast", None)
     return entry
 
 

@@ -330,7 +330,7 @@ def test_gpu_arrays_are_dispatched_with_normalised_arguments(monkeypatch):
     assert args[0] is q and args[1] is k and args[2] is v
     # masks.causal() reaches the kernels as the causal flag (validation.lower_window_mask)
     assert kwargs == dict(softmax_scale=0.25, causal=True, window_size=(5, -1), sinks=1,
-                          mask=None, softcap=20.0, return_lse=True, stream=stream)
+                          mask=None, softcap=20.0, return_lse=True, stream=stream, fast=None)
     assert type(kwargs["softmax_scale"]) is float and type(kwargs["window_size"]) is tuple
     document = numba_flash.masks.causal_document([3, 4])
     numba_flash.attention(q, k, v, mask=document)
@@ -375,13 +375,13 @@ def test_launch_module_without_entry_point_raises_not_implemented(monkeypatch):
 
 
 def test_launch_module_entry_point_is_returned(monkeypatch):
-    module = types.ModuleType("numba_flash.cuda.launch")
+    module = types.ModuleType("numba_flash.cuda.launch.attention")
     module.attention_cuda = Recorder()
     seen = []
     monkeypatch.setattr(api.importlib, "import_module",
                         lambda name: seen.append(name) or module)
     assert api._load_attention_cuda() is module.attention_cuda
-    assert seen == ["numba_flash.cuda.launch"]
+    assert seen == ["numba_flash.cuda.launch.attention"]
 
 
 def test_other_import_errors_of_the_backend_propagate(monkeypatch):
@@ -434,7 +434,7 @@ def test_import_is_light():
 
 @pytest.mark.skipif(not validation.cuda_simulator_enabled(), reason="needs Numba's CUDA simulator")
 def test_numpy_inputs_through_the_real_kernels_in_the_simulator():
-    pytest.importorskip("numba_flash.cuda.launch")
+    pytest.importorskip("numba_flash.cuda.launch.attention")
     rng = np.random.default_rng(21)
     q = rng.standard_normal((1, 5, 2, 32)).astype(np.float32)
     k = rng.standard_normal((1, 7, 1, 32)).astype(np.float32)

@@ -138,7 +138,7 @@ def _gpu_call():
             FakeGpuArray(kv_shape), FakeGpuArray(q_shape), FakeGpuArray((1, 2, 4)))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("numba_flash.cuda.backward") is not None,
+@pytest.mark.skipif(importlib.util.find_spec("numba_flash.cuda.launch.backward") is not None,
                     reason="the CUDA backward kernels exist")
 def test_gpu_arrays_raise_not_implemented_while_kernels_are_missing():
     with pytest.raises(NotImplementedError, match="CUDA backward kernels are not built yet; "
@@ -153,9 +153,9 @@ def test_gpu_arrays_reach_backward_cuda(monkeypatch):
         seen.update(problem=problem, deterministic=deterministic, stream=stream)
         return "dq", "dk", "dv"
 
-    fake = types.ModuleType("numba_flash.cuda.backward")
+    fake = types.ModuleType("numba_flash.cuda.launch.backward")
     fake.backward_cuda = backward_cuda
-    monkeypatch.setitem(sys.modules, "numba_flash.cuda.backward", fake)
+    monkeypatch.setitem(sys.modules, "numba_flash.cuda.launch.backward", fake)
     got = numba_flash.attention_backward(*_gpu_call(), causal=True, deterministic=True,
                                          stream=7)
     assert got == ("dq", "dk", "dv")

@@ -28,7 +28,7 @@ from .arrays import (FULL_NAMES, HALF_NAMES, BFloat16Array, as_words, empty_like
 from .device import compute_capability, current_device_id
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, current_device
 from .driver import raise_dynamic_smem_limit
-from .fastpath import FastCall, call_key, fast_table, register_fast
+from .fastpath import FastCall, call_key, fast_table, geometry_reader, register_fast
 from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
 
@@ -216,7 +216,17 @@ def attention_fast(q, k, v, options, extras, guards, stream):
     alibi_slopes, those given); ``guards``: its mask and score_mod. Returns (result, None) on a
     hit, else (None, (signature, extras)) for ``attention_cuda`` to record the plan under.
     """
-    key = call_key("attention", (q, k, v), options)
+    key = None
+    if not extras:      # the common call: every keyword hashable as it is
+        geometry = geometry_reader(type(q))
+        if geometry is not None:
+            key = ("attention", type(q), geometry(q), geometry(k), geometry(v), options)
+            try:
+                hash(key)
+            except TypeError:   # a list window_size, an unhashable mask: the general key
+                key = None
+    if key is None:
+        key = call_key("attention", (q, k, v), options)
     if key is None:
         return None, None
     call = _FAST_CALLS.get(key)

@@ -56,6 +56,13 @@ def _learn_type(t):
         _GEOMETRY[t] = _POINTER[t] = None
 
 
+def geometry_reader(t):
+    """The geometry function of array type ``t`` (CuPy / torch), else None."""
+    if t not in _GEOMETRY:
+        _learn_type(t)
+    return _GEOMETRY[t]
+
+
 def geometry_of(x):
     """(shape, strides, dtype, device) of a CuPy array or torch tensor; None for other kinds
     (and for None)."""
