@@ -278,7 +278,7 @@ def tile_sweep(args, copy_bw, save, out):
     'old' or 'new') and split count: ``--tile-splits``, or a few
     around what ``num_splits="auto"`` picks for that layout; ``--tile-pages`` picks the cache
     layouts (none = contiguous, or page sizes), ``--tile-shapes`` the shapes."""
-    from numba_flash.cuda import decode as dec
+    from numba_flash.cuda.launch import decode as dec
 
     shapes = [SHAPES[int(i)] for i in args.tile_shapes.split(",")] if args.tile_shapes else \
         (SHAPES[:1] if args.quick else SHAPES)
@@ -334,7 +334,7 @@ def tile_sweep(args, copy_bw, save, out):
 
 def _kernel_report():
     """Registers, local memory (spills) and shared memory of each decode kernel compiled here."""
-    from numba_flash.cuda import decode as dec
+    from numba_flash.cuda.launch import decode as dec
 
     names = ("D", "bf16", "rows", "paged", "left", "right", "sinks", "softcap", "tree", "direct",
              "lse")

@@ -385,7 +385,16 @@ def _full_lengths(kind, like, batch, capacity):
 
 
 _PLANS: dict = {}
+_CALL_PLANS: dict = {}      # a call's choices, caller-array geometry, device, stream -> plan
 _PLANS_MAX = 256
+
+
+def _choices(d, is_bf16):
+    """Everything of a decode call that shapes its plan besides the arrays' geometry."""
+    tree = None if d.tree is None else np.asarray(d.tree).tobytes()
+    return (is_bf16, d.use_mma, d.tile, d.chunks, d.rows, d.splits, d.paged, d.page_size,
+            d.full_lens, d.left, d.right, d.has_left, d.has_right, d.has_sinks, d.sinks,
+            d.has_softcap, d.floats, tree, d.return_lse, d.stream_hint, d.ratio)
 
 
 def _caller(x, kind, words=False):
@@ -443,13 +452,27 @@ def _decode_gpu(kind, d, is_bf16, q, k, v, block_table, cache_seqlens, out, lse,
         shape = (d.splits, d.batch, d.seqlen_q, d.heads_q, d.head_dim)
         o_part = empty_like_kind(kind, q, shape, "float32")
         lse_part = empty_like_kind(kind, q, (d.splits, d.batch, d.heads_q, d.seqlen_q), "float32")
-    params, ptrs, keep = _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse,
-                                        o_part, lse_part, dev)
-    if d.use_mma:
-        plan = _mma_plan(d, is_bf16, params, keep, dev, stream)
-    else:
-        plan = _fma_plan(d, is_bf16, params, keep, dev)
-    plan.launch(ptrs, stream)
+    callers = [x for x in (q, k, v, block_table if d.paged else None,
+                           None if d.full_lens else cache_seqlens, out, lse, o_part, lse_part)
+               if x is not None]
+    infos = [interface(x, kind) for x in callers]
+    key = (_choices(d, is_bf16), tuple((i[1] if type(i[1]) is tuple else tuple(i[1]),
+                                        tuple(i[2]), i[3]) for i in infos), dev,
+           stream if d.use_mma and not d.direct else None,
+           stream_is_capturing(stream) if d.use_mma and not d.direct else False)
+    plan = _CALL_PLANS.get(key)
+    if plan is None:
+        params, _, keep = _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse,
+                                         o_part, lse_part, dev)
+        if d.use_mma:
+            plan = _mma_plan(d, is_bf16, params, keep, dev, stream)
+        else:
+            plan = _fma_plan(d, is_bf16, params, keep, dev)
+        if not key[4]:       # a capture's counters belong to that capture only
+            if len(_CALL_PLANS) >= _PLANS_MAX:
+                _CALL_PLANS.clear()
+            _CALL_PLANS[key] = plan
+    plan.launch([i[0] for i in infos], stream)
     if not d.direct and not d.use_mma:
         merge = merge_plan(o_part, lse_part, out, lse, kind, OUT_BF16 if is_bf16 else OUT_F16,
                            dev)
