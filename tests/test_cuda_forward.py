@@ -14,8 +14,8 @@ import itertools
 import numpy as np
 import pytest
 
-from numba_flash.cuda import launch
-from numba_flash.cuda.warp import SIMULATOR
+from numba_flash.cuda.launch import attention as launch
+from numba_flash.cuda.primitives import SIMULATOR
 from numba_flash_reference.attention import attention as reference
 from numba_flash_reference.masks import CausalMask, visible_matrix
 
@@ -156,7 +156,7 @@ def test_bitwise_identical_across_runs():
 def test_fma_geometry_fits(itemsize):
     """The FMA kernel's layout: key tiles split into whole rounds of lanes and 4-key P V steps,
     rows per block = groups x rows per lane, shared memory within the 48 KB static limit."""
-    from numba_flash.cuda import forward
+    from numba_flash.cuda.kernels import forward_geometry as forward
 
     for d in launch.SUPPORTED_HEAD_DIMS:
         tpr, rpr = forward.fma_lanes_per_row(d, itemsize), forward.fma_rows_per_lane(d, itemsize)
@@ -364,7 +364,7 @@ def test_wgmma_geometry():
     """Two warpgroups, 128-row query tiles, 128-key tiles; dynamic shared memory for the Q, K
     and V tiles, the interval bounds and the 1 KB alignment slack; the mma.sync geometry is
     unchanged when the path is off (and the simulator never takes it)."""
-    from numba_flash.cuda import forward
+    from numba_flash.cuda.kernels import forward_geometry as forward
 
     assert forward.mma_threads(True) == 256 and forward.mma_threads(False) == 128
     assert forward.mma_block_m(128, True) == 128 and forward.mma_m_tiles(128, True) == 1
@@ -391,7 +391,7 @@ def test_gpu_wgmma_and_mma_sync_paths(case, monkeypatch):
     """On a compute-capability 9.0 GPU the half-precision kernels at head_dim 64 / 128 take the
     wgmma path; it and the mma.sync path (NUMBA_FLASH_WGMMA=0) both meet the 2x rule on the same
     random inputs (odd sizes, several 128-row query tiles, GQA, window + sinks, softcap)."""
-    from numba_flash.cuda import forward
+    from numba_flash.cuda.kernels import forward_geometry as forward
 
     for flag in ("1", "0"):
         monkeypatch.setenv("NUMBA_FLASH_WGMMA", flag)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from numba_flash import masks
-from numba_flash.cuda import tiles
-from numba_flash.cuda.warp import SIMULATOR
+from numba_flash.cuda.kernels import tile_classes as tiles
+from numba_flash.cuda.primitives import SIMULATOR
 from numba_flash_reference import tiles as rtiles
 from numba_flash_reference.intervals import NotRepresentableError
 from mask_examples import example_masks
@@ -119,7 +119,7 @@ def test_gpu_large_tables(n):
 
 def _attention_case(rng, dtype_name, b, sq, sk, hq, hkv, d, mask, **kw):
     """Run the kernel with a mask object and check the 2x rule against the float64 reference."""
-    from numba_flash.cuda import launch
+    from numba_flash.cuda.launch import attention as launch
     from numba_flash_reference.attention import attention as reference
     from test_cuda_forward import ATOL, DTYPES, _to_device, _to_host, naive_same_dtype
 
@@ -205,7 +205,7 @@ def test_gpu_interval_memory_is_linear():
     """Intervals cost O(N) device memory: 16 bytes per key plus 32 per key tile."""
     n = 16384
     m = masks.causal_document([5000, 11384])
-    from numba_flash.cuda.maskplan import plan_mask
+    from numba_flash.cuda.launch.maskplan import plan_mask
     plan = plan_mask(m, 1, 1, n, n, 64, 64, False, 0)
     nbytes = plan.iv.nbytes + plan.mm.nbytes
     assert nbytes == 16 * n + 32 * (n // 64)
@@ -215,7 +215,7 @@ def test_plan_resolves_the_stream_only_when_it_builds():
     """plan_mask takes the launch stream as a function and calls it only on the call that
     builds the plan (resolving the caller's stream costs host time on every call otherwise);
     the second call returns the cached plan."""
-    from numba_flash.cuda.maskplan import plan_mask
+    from numba_flash.cuda.launch.maskplan import plan_mask
 
     calls = []
 
@@ -258,7 +258,7 @@ def test_kernel_tile_walk_past_32_tiles(dtype_name, sk):
     if SIMULATOR and dtype_name == "float16":   # tensor-core steps are slow there: the walk's
         cases = [cases[0], cases[2]]            # two shapes (group jump; sinks, then window)
     for mask, kw in cases:
-        from numba_flash.cuda.maskplan import mask_encoding
+        from numba_flash.cuda.launch.maskplan import mask_encoding
         assert mask_encoding(mask, sq, sk) in ("intervals", "bitmask")
         _attention_case(rng, dtype_name, 1, sq, sk, 1, 1, 32, mask, **kw)
 
@@ -271,7 +271,7 @@ def test_gpu_mask_memory_through_device_free_memory():
     may share the GPU: bounds leave room for their traffic (median of 3 runs)."""
     from numba import cuda
 
-    from numba_flash.cuda.maskplan import plan_mask
+    from numba_flash.cuda.launch.maskplan import plan_mask
 
     ctx = cuda.current_context()
     MiB = 2**20
@@ -305,7 +305,7 @@ def test_gpu_mask_memory_through_device_free_memory():
 def test_gpu_masked_fast_launch_matches_dispatcher(monkeypatch):
     """Masked, ALiBi and packed calls through the direct cuda.core launch give bitwise the
     dispatcher launch's result."""
-    from numba_flash.cuda import launch
+    from numba_flash.cuda.launch import attention as launch
     from numba_flash.varlen import check_varlen
 
     rng = np.random.default_rng(12)

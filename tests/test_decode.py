@@ -12,9 +12,9 @@ import pytest
 
 import numba_flash
 from numba_flash import masks
-from numba_flash.cuda.decode import (auto_num_splits, auto_num_splits_mma, decode_geometry,
+from numba_flash.cuda.launch.decode import (auto_num_splits, auto_num_splits_mma, decode_geometry,
                                      mma_tile, tree_row_bits)
-from numba_flash.cuda.warp import SIMULATOR
+from numba_flash.cuda.primitives import SIMULATOR
 from numba_flash.decode import gather_cache
 from numba_flash_reference.attention import attention as reference
 from numba_flash_reference.masks import TreeMask, visible_matrix
@@ -469,7 +469,7 @@ def test_gpu_kernel_variants(monkeypatch, kernel, tile):
 @pytest.mark.parametrize("splits", [1, 6])
 def test_gpu_direct_launch_matches_dispatcher(monkeypatch, splits):
     """The cuda.core launch (default) and Numba's dispatcher give identical bits."""
-    from numba_flash.cuda import decode as dec
+    from numba_flash.cuda.launch import decode as dec
 
     rng = np.random.default_rng(23)
     q = cp.asarray(rng.standard_normal((2, 1, 8, 128)).astype(np.float16))
@@ -492,7 +492,7 @@ def test_gpu_cluster_merge(monkeypatch, d, ratio, sq, splits, page):
     against the reference: 1 to 16 live rows per chunk (32: two chunks), head_dims 32 to 128,
     paged caches, an empty and a one-key sequence; and against the last-warp fold to
     rounding."""
-    from numba_flash.cuda import decode as dec
+    from numba_flash.cuda.launch import decode as dec
 
     monkeypatch.setenv("NUMBA_FLASH_DECODE_CLUSTER", "1")
     rng = np.random.default_rng(d * 1000 + ratio * 10 + splits)
@@ -516,7 +516,7 @@ def test_gpu_cluster_choice_and_same_bits(monkeypatch):
     """With NUMBA_FLASH_DECODE_CLUSTER=1, 16 splits merge in a cluster, 17 in the fold (and
     without it, 16 too); repeated cluster calls give the same bits (the merge order does not
     depend on which block finishes last)."""
-    from numba_flash.cuda import decode as dec
+    from numba_flash.cuda.launch import decode as dec
 
     monkeypatch.setenv("NUMBA_FLASH_DECODE_CLUSTER", "1")
 
@@ -702,7 +702,7 @@ def test_gpu_plans_with_different_pads_share_a_kernel(monkeypatch):
     """Grids of one kernel that get different shared-memory pads (16 and 20 splits: 4 and 5
     blocks per multiprocessor on an H100), called alternately, all launch directly and agree
     with the reference; PDL forced on so the pads apply on any device."""
-    from numba_flash.cuda import decode as dec
+    from numba_flash.cuda.launch import decode as dec
 
     monkeypatch.setenv("NUMBA_FLASH_DECODE_SMEM_PAD", "auto")
     monkeypatch.setenv("NUMBA_FLASH_DECODE_PDL", "1")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import numba_flash
-from numba_flash.cuda.warp import SIMULATOR
+from numba_flash.cuda.primitives import SIMULATOR
 
 pytestmark = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
 
@@ -104,7 +104,7 @@ def test_gpu_capture_beyond_the_reserve_raises_clearly():
     """A captured call needing more merge counters than were set aside outside captures
     raises GraphCaptureError naming the fix, and decode keeps its direct launch afterwards."""
     torch = pytest.importorskip("torch")
-    from numba_flash.cuda import decode as dec
+    from numba_flash.cuda.launch import decode as dec
 
     b, hkv, keys = 1024, 8, 64          # 8192 (batch item, kv head) units, two splits each
     q = torch.randn(b, 1, hkv, D, device="cuda", dtype=torch.float16)

@@ -23,7 +23,7 @@ import ctypes, json, math, sys
 sys.path.insert(0, "scripts")
 import host_overhead_cpu as h
 h.stub_driver(cc=tuple(json.loads(sys.argv[1])))
-from numba_flash.cuda import launch
+from numba_flash.cuda.launch import attention as launch
 import numba_flash
 from numba_flash import masks
 captured = []
@@ -149,7 +149,7 @@ import ctypes, json, sys
 sys.path.insert(0, "scripts")
 import host_overhead_cpu as h
 h.stub_driver()
-from numba_flash.cuda import decode as dec, launch
+from numba_flash.cuda.launch import decode as dec, launch
 import numba_flash
 captured = []
 launch._core_launch = lambda stream, config, kernel, *params: captured.append(params)

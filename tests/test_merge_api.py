@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import numba_flash
-from numba_flash.cuda.merge import merge_states_cuda
-from numba_flash.cuda.warp import SIMULATOR
+from numba_flash.cuda.launch.merge import merge_states_cuda
+from numba_flash.cuda.primitives import SIMULATOR
 from numba_flash_reference.attention import attention as reference
 from numba_flash_reference.merge import split_attention
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 import numba_flash
 from numba_flash import masks
-from numba_flash.cuda import launch
-from numba_flash.cuda.warp import SIMULATOR
+from numba_flash.cuda.launch import attention as launch
+from numba_flash.cuda.primitives import SIMULATOR
 from numba_flash_reference.attention import attention as reference
 from numba_flash_reference.masks import mask_from_flags
 

@@ -95,10 +95,10 @@ def test_cuda_varlen_kernel_matches_reference():
     """The kernel on a packed batch (simulator without a GPU)."""
     import inspect
 
-    from numba_flash.cuda import launch
+    from numba_flash.cuda.launch import attention as launch
     if "varlen" not in inspect.signature(launch.attention_cuda).parameters:
         pytest.skip("forward kernel without varlen yet (docs/masks.md, 'Status on the GPU')")
-    from numba_flash.cuda.warp import SIMULATOR
+    from numba_flash.cuda.primitives import SIMULATOR
     from numba_flash.varlen import check_varlen
 
     rng = np.random.default_rng(5)
