@@ -11,7 +11,7 @@ from numba_flash.cuda import launch
 from numba_flash.cuda.warp import SIMULATOR
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+gpu = pytest.mark.gpu  # skipped under the simulator (tests/conftest.py)
 
 
 def to_device(x):

@@ -25,7 +25,7 @@ DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype
           "float64": np.dtype(np.float64)}
 ATOL = {"float16": 1e-4, "bfloat16": 5e-4, "float32": 1e-6, "float64": 1e-12}
 
-gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+gpu = pytest.mark.gpu  # skipped under the simulator (tests/conftest.py)
 if not SIMULATOR:
     cp = pytest.importorskip("cupy")
 

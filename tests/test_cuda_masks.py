@@ -14,7 +14,7 @@ from numba_flash_reference import tiles as rtiles
 from numba_flash_reference.intervals import NotRepresentableError
 from mask_examples import example_masks
 
-gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+gpu = pytest.mark.gpu  # skipped under the simulator (tests/conftest.py)
 if not SIMULATOR:
     cp = pytest.importorskip("cupy")
 

@@ -23,7 +23,7 @@ from gpu_arrays import BF16, poison_outputs, to_device as _dev, to_host as _host
 
 DT = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
 ATOL = {"float16": 1e-4, "bfloat16": 5e-4, "float32": 1e-6}
-gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+gpu = pytest.mark.gpu  # skipped under the simulator (tests/conftest.py)
 if not SIMULATOR:
     cp = pytest.importorskip("cupy")
 
