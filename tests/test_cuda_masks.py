@@ -317,7 +317,7 @@ def test_gpu_mask_memory_through_allocator_counters():
     for i in range(3):
         nbytes, plan = used(masks.causal_document([20000 + i, 45536 - i]), n)
         assert plan.iv.nbytes + plan.mm.nbytes == 16 * n + 32 * (n // 64)
-        assert plan.iv.nbytes + plan.mm.nbytes <= nbytes <= 2 * MiB, (i, nbytes)
+        assert plan.iv.nbytes + plan.mm.nbytes <= nbytes <= 4 * MiB, (i, nbytes)
     n = 16384
     # three branching trees (a chain would be encoded as intervals, not as a bitmask)
     trees = ([-1, 0, 1, 1, 2, 2, 3, 3, 4], [-1, 0, 0, 1, 1, 2, 2, 3, 3], [-1, 0, 0, 1, 2, 3, 4, 5, 6])
@@ -325,7 +325,7 @@ def test_gpu_mask_memory_through_allocator_counters():
         nbytes, plan = used(masks.tree(parents, n - 9), n)
         assert plan.bits.nbytes == n * n // 8
         tiles_bytes = (n // 64) ** 2                          # one int8 class per tile
-        assert n * n // 8 + tiles_bytes <= nbytes <= n * n // 8 + tiles_bytes + MiB, nbytes
+        assert n * n // 8 + tiles_bytes <= nbytes <= n * n // 8 + tiles_bytes + 4 * MiB, nbytes
 
 
 @gpu
