@@ -12,7 +12,7 @@ from numba_flash.cuda.launch import attention as _attention, decode as _decode, 
 from numba_flash.cuda.primitives import SIMULATOR
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+gpu = pytest.mark.gpu  # skipped under the simulator (tests/conftest.py)
 
 
 def to_device(x):

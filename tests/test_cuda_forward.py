@@ -25,7 +25,7 @@ DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype
           "float64": np.dtype(np.float64)}
 ATOL = {"float16": 1e-4, "bfloat16": 5e-4, "float32": 1e-6, "float64": 1e-12}
 
-gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+gpu = pytest.mark.gpu  # skipped under the simulator (tests/conftest.py)
 if not SIMULATOR:
     cp = pytest.importorskip("cupy")
 
@@ -98,40 +98,60 @@ def check_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal=False, window=(-1,
     return out
 
 
-# Simulator-sized cases: (dtype, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap)
+# Simulator-sized cases: (dtype, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap).
+# Tensor-core kernel (float16 / bfloat16): every head_dim, both dtypes, every mask flag.
 HALF_CASES = [
     ("float16", 1, 17, 17, 2, 1, 32, False, (-1, -1), 0, None),      # GQA 2
     ("bfloat16", 1, 17, 129, 1, 1, 32, True, (-1, -1), 0, None),     # 3 key tiles, bottom-right
     ("float16", 1, 70, 150, 1, 1, 32, False, (6, 3), 2, None),       # window + sinks, skipped tiles
     ("bfloat16", 1, 1, 17, 2, 2, 64, True, (-1, -1), 0, 5.0),        # one query, softcap
     ("float16", 1, 20, 5, 1, 1, 96, True, (-1, -1), 0, None),        # rows that see no key
-    ("bfloat16", 2, 9, 33, 3, 1, 32, False, (4, -1), 0, None),       # MQA, left window only
-    ("float16", 1, 20, 70, 1, 1, 128, True, (-1, -1), 0, None),      # Q in smem, swizzled rows
+    ("bfloat16", 2, 9, 33, 2, 1, 32, False, (4, -1), 0, None),       # batch 2, MQA, left window only
+    ("float16", 1, 20, 40, 1, 1, 128, True, (-1, -1), 0, None),      # Q in smem, swizzled rows, 2 key tiles
     ("bfloat16", 1, 9, 40, 1, 1, 256, False, (20, 3), 1, None),      # 16-key tiles, Q in smem
 ]
+# CUDA-core kernel (float32 / float64): one case per lane geometry (lanes per row x rows per
+# lane x key tile, which (dtype, head_dim) picks), every mask flag in each dtype.
 FULL_CASES = [
+    ("float32", 1, 17, 17, 2, 1, 32, False, (-1, -1), 0, None),      # 2 lanes per row, GQA
+    ("float64", 1, 17, 17, 2, 1, 32, False, (-1, -1), 0, None),      # fp64 4 lanes per row, 2 key tiles
+    ("float32", 1, 70, 45, 1, 1, 32, True, (-1, -1), 0, None),       # rows past the keys; second rows
+    # two 128-row query tiles, window + sinks over 5 key tiles, skipped middle tiles
+    ("float32", 1, 129, 129, 1, 1, 32, False, (8, 8), 3, None),
+    ("float64", 1, 1, 33, 4, 2, 64, True, (-1, -1), 0, None),        # one query, GQA over 2 kv heads
+    ("float32", 1, 33, 20, 2, 2, 96, False, (2, 0), 0, None),        # 4 lanes per row, 2 kv heads
+    ("float32", 1, 17, 40, 2, 1, 256, True, (-1, -1), 0, 3.0),       # 1 row per lane, 16-key tiles
+    ("float64", 2, 5, 9, 2, 1, 128, False, (-1, -1), 0, None),       # batch 2
+    # 8 lanes per row, 8-key tiles: window + sinks over 5 tiles, skipped middle tiles
+    ("float64", 1, 19, 37, 2, 1, 256, False, (9, 2), 3, None),
+    ("float64", 1, 17, 20, 1, 1, 32, True, (-1, -1), 0, 2.5),        # causal with softcap, fp64
+    # 4 lanes x 2 rows: rows 64-76 are the second rows; query rows past the keys
+    ("float32", 1, 77, 13, 1, 1, 96, True, (-1, -1), 0, None),
+    # 8 lanes x 2 rows of 64-row tiles: rows 32-44 are every lane group's second row
+    ("float64", 1, 45, 17, 1, 1, 128, True, (-1, -1), 0, None),
+]
+# The larger shapes and the rest of the dtype product of the cases above (marked full_matrix:
+# on a GPU, or in the simulator with --full-matrix); each path they take is reached above.
+MATRIX_CASES = [
+    ("bfloat16", 2, 9, 33, 3, 1, 32, False, (4, -1), 0, None),       # MQA over 3 heads
+    ("float16", 1, 20, 70, 1, 1, 128, True, (-1, -1), 0, None),      # 3 key tiles at d 128
+] + [
     (dt, 1, sq, sk, hq, hkv, d, causal, window, sinks, None)
-    for dt in ("float32", "float64")
-    for (sq, sk, hq, hkv, d, causal, window, sinks) in [
-        (17, 17, 2, 1, 32, False, (-1, -1), 0),
-        (1, 129, 4, 2, 64, True, (-1, -1), 0),
-        (70, 45, 1, 1, 32, True, (-1, -1), 0),
-        (129, 129, 1, 1, 32, False, (8, 8), 3),
-        (33, 20, 2, 2, 96, False, (2, 0), 0),
+    for dt, (sq, sk, hq, hkv, d, causal, window, sinks) in [
+        ("float32", (1, 129, 4, 2, 64, True, (-1, -1), 0)),
+        ("float64", (1, 129, 4, 2, 64, True, (-1, -1), 0)),
+        ("float64", (70, 45, 1, 1, 32, True, (-1, -1), 0)),
+        ("float64", (129, 129, 1, 1, 32, False, (8, 8), 3)),
+        ("float64", (33, 20, 2, 2, 96, False, (2, 0), 0)),
     ]
-] + [("float32", 1, 17, 40, 2, 1, 256, True, (-1, -1), 0, 3.0),
-     ("float64", 2, 5, 9, 2, 1, 128, False, (-1, -1), 0, None),
-     # 8 lanes per row, 8-key tiles: window + sinks over 5 tiles, skipped middle tiles
-     ("float64", 1, 19, 37, 2, 1, 256, False, (9, 2), 3, None),
-     # 2 lanes per row, odd sizes, several query tiles of 64 rows, causal with softcap
-     ("float64", 1, 67, 71, 1, 1, 32, True, (-1, -1), 0, 2.5),
-     # 4 lanes per row, GQA, query tiles past the keys (bottom-right rows with no key)
+] + [("float64", 1, 67, 71, 1, 1, 32, True, (-1, -1), 0, 2.5),
      ("float32", 1, 77, 13, 2, 1, 96, True, (-1, -1), 0, None),
-     # 8 lanes x 2 rows: rows 32-44 are every lane group's second row
      ("float64", 1, 45, 50, 1, 1, 128, True, (-1, -1), 0, None)]
 
 
-@pytest.mark.parametrize("case", HALF_CASES + FULL_CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("case", HALF_CASES + FULL_CASES + [
+    pytest.param(c, marks=pytest.mark.full_matrix) for c in MATRIX_CASES],
+    ids=lambda c: "-".join(map(str, c)))
 def test_against_reference(case):
     dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap = case
     rng = np.random.default_rng(hash(case) % 2**32)

@@ -23,7 +23,7 @@ from gpu_arrays import BF16, poison_outputs, to_device as _dev, to_host as _host
 
 DT = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
 ATOL = {"float16": 1e-4, "bfloat16": 5e-4, "float32": 1e-6}
-gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+gpu = pytest.mark.gpu  # skipped under the simulator (tests/conftest.py)
 if not SIMULATOR:
     cp = pytest.importorskip("cupy")
 
@@ -623,10 +623,13 @@ def test_cache_seqlens_none_is_the_full_cache(monkeypatch, kernel, page, splits)
     assert np.abs(_host(out_none)[:1].astype(np.float64) - ref[:1]).max() < 2e-3
 
 
+# The hint is on by default for one row chunk, so every layout runs with it in
+# test_decode_against_reference; the hint-off side of the smallest layouts is in the full matrix.
 @pytest.mark.parametrize("page, opts", [
-    (None, dict(num_splits=2)),
+    pytest.param(None, dict(num_splits=2), marks=pytest.mark.full_matrix),
     (8, dict(num_splits=2, window_size=(40, -1), sinks=3)),     # pages < tile, unaligned start
-    (64, dict(num_splits=1)),                                    # pages > tile, direct output
+    pytest.param(64, dict(num_splits=1),                         # pages > tile, direct output
+                 marks=pytest.mark.full_matrix),
 ])
 def test_stream_hint_changes_no_bits(monkeypatch, page, opts):
     """The evict-first L2 hint of the fast copies (NUMBA_FLASH_DECODE_HINT) only steers the

@@ -9,7 +9,7 @@ import pytest
 import numba_flash
 from numba_flash.cuda.primitives import SIMULATOR
 
-pytestmark = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")]
 
 # (1, 32, 32, 8192)-like: 16 splits, 512 one-warp blocks, so the launch policy turns on
 # programmatic dependent launch with the shared-memory cap; num_splits=1 is the direct path.

@@ -161,6 +161,13 @@ def test_row_errors():
         row_errors(out[:2], ref)
 
 
+def _why_no_gpu():
+    """None where a study's GPU part can run (CuPy, a real GPU, the launcher), else why not."""
+    from numba_flash.studies._gpu import _why_no_gpu as why
+
+    return why()
+
+
 def test_runner_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="study name must be one of"):
         run_study("nope", size="tiny", write=False)
@@ -168,10 +175,29 @@ def test_runner_rejects_bad_arguments(tmp_path):
         run_study("exp2", size="huge", write=False)
     with pytest.raises(ValueError, match="gpu must be one of"):
         run_study("exp2", size="tiny", gpu="maybe", write=False)
-    with pytest.raises(RuntimeError, match="gpu='on' but the GPU part cannot run"):
-        run_study("exp2", size="tiny", gpu="on", write=False)
     with pytest.raises(ValueError, match="at least one row"):
         write_csv([], tmp_path / "x.csv")
+
+
+def test_runner_gpu_on_fails_without_a_gpu():
+    if _why_no_gpu() is None:
+        pytest.skip("the GPU part can run on this machine (test_runner_gpu_on_runs_on_a_gpu)")
+    with pytest.raises(RuntimeError, match="gpu='on' but the GPU part cannot run"):
+        run_study("exp2", size="tiny", gpu="on", write=False)
+
+
+def test_runner_gpu_on_runs_on_a_gpu():
+    """The counterpart on a GPU machine: gpu='on' runs the GPU part and names the device."""
+    why = _why_no_gpu()
+    if why is not None:
+        pytest.skip(f"no GPU part here: {why}")
+    result = run_study("split_kv", size="tiny", gpu="on", write=False, progress=False)
+    assert result.gpu_note.startswith("GPU kernels measured on ")
+    gpu_rows = [r for r in result.rows if "gpu" in str(r.get("method", r.get("order", ""))).lower()]
+    assert gpu_rows and all(r["nonfinite"] == 0 for r in gpu_rows)
+    # a study without a GPU part says so instead of claiming a device
+    assert run_study("exp2", size="tiny", gpu="on", write=False,
+                     progress=False).gpu_note == "This study has no GPU part"
 
 
 def test_auto_gpu_says_why_it_skipped():

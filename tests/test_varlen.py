@@ -91,7 +91,19 @@ def test_varlen_validation_messages():
         numba_flash.attention(q[None], k[None], v[None], max_seqlen_q=3)
 
 
-def test_cuda_varlen_kernel_matches_reference():
+# The kernel's options on a packed batch, one test each (pytest-xdist spreads them); the mask
+# functions are made once per session (one compiled kernel each).
+_MOD = numba_flash.masks.mask_mod(lambda b, h, qi, kv: (qi - kv) % 4 != 2)
+# b is the sequence in the kernel and in CPU mode alike
+_PER_SEQ = numba_flash.masks.mask_mod(lambda b, h, qi, kv: (kv <= qi) & (qi - kv <= b + 2 * h),
+                                      batch_head=True)
+VARLEN_OPTIONS = {"causal": {"causal": True},
+                  "mask_mod_window": {"mask": _MOD, "window_size": (5, 2)},
+                  "batch_head_mask_mod": {"mask": _PER_SEQ}}
+
+
+@pytest.mark.parametrize("option", sorted(VARLEN_OPTIONS))
+def test_cuda_varlen_kernel_matches_reference(option):
     """The kernel on a packed batch (simulator without a GPU)."""
     import inspect
 
@@ -106,24 +118,20 @@ def test_cuda_varlen_kernel_matches_reference():
                                                                         [900, 3, 1, 1290, 0])
     q, k, v, cu_q, cu_k = _packed(rng, lens_q, lens_k, hq=2, hkv=1, d=32, dtype=np.float32)
     vl = check_varlen(cu_q, cu_k, None, None, len(q), len(k), "numpy")
-    mod = __import__("numba_flash").masks.mask_mod(lambda b, h, qi, kv: (qi - kv) % 4 != 2)
-    # b is the sequence in the kernel and in CPU mode alike
-    per_seq = __import__("numba_flash").masks.mask_mod(
-        lambda b, h, qi, kv: (kv <= qi) & (qi - kv <= b + 2 * h), batch_head=True)
-    for kw in ({"causal": True}, {"mask": mod, "window_size": (5, 2)}, {"mask": per_seq}):
-        args = (q, k, v)
-        if not SIMULATOR:
-            import cupy as cp
-            args = tuple(cp.asarray(x) for x in args)
-            vl = check_varlen(cp.asarray(cu_q), cp.asarray(cu_k), vl.max_seqlen_q,
-                              vl.max_seqlen_k, len(q), len(k), "cuda")
-        out, lse = launch.attention_cuda(*args, softmax_scale=32 ** -0.5, return_lse=True,
-                                         varlen=vl, **kw)
-        if not SIMULATOR:
-            out, lse = out.get(), lse.get()
-        want, want_lse = numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                                               return_lse=True, softmax_scale=32 ** -0.5, **kw)
-        np.testing.assert_allclose(out, want, atol=2e-5)
-        fin = np.isfinite(want_lse)
-        assert (np.isneginf(lse) == ~fin).all()
-        np.testing.assert_allclose(lse[fin], want_lse[fin], atol=2e-5)
+    kw = VARLEN_OPTIONS[option]
+    args = (q, k, v)
+    if not SIMULATOR:
+        import cupy as cp
+        args = tuple(cp.asarray(x) for x in args)
+        vl = check_varlen(cp.asarray(cu_q), cp.asarray(cu_k), vl.max_seqlen_q,
+                          vl.max_seqlen_k, len(q), len(k), "cuda")
+    out, lse = launch.attention_cuda(*args, softmax_scale=32 ** -0.5, return_lse=True,
+                                     varlen=vl, **kw)
+    if not SIMULATOR:
+        out, lse = out.get(), lse.get()
+    want, want_lse = numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                           return_lse=True, softmax_scale=32 ** -0.5, **kw)
+    np.testing.assert_allclose(out, want, atol=2e-5)
+    fin = np.isfinite(want_lse)
+    assert (np.isneginf(lse) == ~fin).all()
+    np.testing.assert_allclose(lse[fin], want_lse[fin], atol=2e-5)

@@ -13,6 +13,8 @@ from numba_flash import masks
 from numba_flash.validation import lower_window_mask
 from numba_flash_reference.masks import CausalMask, SlidingWindowMask, mask_from_flags
 
+from gpu_arrays import to_device, to_host
+
 side = st.integers(-1, 6)
 
 
@@ -71,9 +73,9 @@ def test_folded_call_matches_the_reference_with_the_mask_object():
 
 
 def test_packed_batch_takes_a_window_mask_on_the_kernel():
-    """A packed batch accepts masks.sliding_window() on the CUDA backend (the simulator here):
-    folded into the flags, it applies per sequence like them, and matches CPU mode with the
-    mask object."""
+    """A packed batch accepts masks.sliding_window() on the CUDA backend (the simulator on
+    NumPy arrays without a GPU, device arrays on one): folded into the flags, it applies per
+    sequence like them, and matches CPU mode with the mask object."""
     rng = np.random.default_rng(4)
     lens_q, lens_k = [5, 0, 1, 7], [6, 2, 1, 9]
     cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -81,8 +83,9 @@ def test_packed_batch_takes_a_window_mask_on_the_kernel():
     q = rng.standard_normal((cu_q[-1], 2, 32)).astype(np.float32)
     k = rng.standard_normal((cu_k[-1], 1, 32)).astype(np.float32)
     v = rng.standard_normal((cu_k[-1], 1, 32)).astype(np.float32)
-    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=9,
-              mask=masks.sliding_window(2, 0))
-    got = numba_flash.attention(q, k, v, backend="cuda", **kw)
-    want = numba_flash.attention(q, k, v, backend="cpu", **kw)
-    np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
+    kw = dict(max_seqlen_q=7, max_seqlen_k=9, mask=masks.sliding_window(2, 0))
+    got = numba_flash.attention(*(to_device(x) for x in (q, k, v)), backend="cuda",
+                                cu_seqlens_q=to_device(cu_q), cu_seqlens_k=to_device(cu_k), **kw)
+    want = numba_flash.attention(q, k, v, backend="cpu", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                 **kw)
+    np.testing.assert_allclose(to_host(got), want, atol=2e-6, rtol=0)
