@@ -238,14 +238,16 @@ def test_mask_mod_intersection_not_implemented():
 
 def test_arrays_on_different_devices_raise(monkeypatch):
     q, k, v = _bad_inputs(np.random.default_rng(0))
-    original = launch._interface
+    from numba_flash.cuda.launch import arrays
+
+    original = arrays.interface
     calls = itertools.count()
 
     def fake(x, kind):
         ptr, shape, strides, itemsize, _ = original(x, kind)
         return ptr, shape, strides, itemsize, next(calls) % 2   # q on 0, k on 1, ...
 
-    monkeypatch.setattr(launch, "_interface", fake)
+    monkeypatch.setattr(arrays, "interface", fake)
     with pytest.raises(ValueError, match="one device"):
         launch.attention_cuda(q, k, v, softmax_scale=0.1)
 
@@ -346,18 +348,17 @@ def test_gpu_bare_interface_bfloat16():
 
 
 @gpu
-def test_gpu_fast_launch_matches_dispatcher(monkeypatch):
-    """The direct cuda.core launch gives bitwise the result of the dispatcher launch."""
+def test_gpu_strided_inputs_same_bits_as_contiguous():
+    """A transposed (B, H, S, D) view runs without a copy (a plan of layout 'A') and gives the
+    bits of its contiguous copy."""
     rng = np.random.default_rng(10)
     for dtype_name, d in (("float16", 128), ("float16", 256), ("float32", 64)):
         q = cp.asarray(_random(rng, (2, 4, 150, d), dtype_name)).transpose(0, 2, 1, 3)  # strided
         k = cp.asarray(_random(rng, (2, 170, 2, d), dtype_name))
         kw = dict(softmax_scale=0.1, window_size=(40, 7), sinks=2, return_lse=True)
-        fast = launch.attention_cuda(q, k, k, **kw)
-        monkeypatch.setattr(launch, "_FAST_LAUNCH", False)
-        slow = launch.attention_cuda(q, k, k, **kw)
-        monkeypatch.setattr(launch, "_FAST_LAUNCH", True)
-        for a, b in zip(fast, slow):
+        strided = launch.attention_cuda(q, k, k, **kw)
+        contiguous = launch.attention_cuda(cp.ascontiguousarray(q), k, k, **kw)
+        for a, b in zip(strided, contiguous):
             assert bool(cp.all(a.view(cp.uint8) == b.view(cp.uint8)))
 
 
@@ -393,7 +394,7 @@ def test_wgmma_geometry():
     assert forward.wgmma_smem_bytes(128, 128) == 3 * 128 * 128 * 2 + 4 * 128 * 4 + 1024
     assert forward.wgmma_smem_bytes(64, 128) == 3 * 128 * 64 * 2 + 4 * 128 * 4 + 1024
     if SIMULATOR:
-        assert not forward.mma_wgmma(128)
+        assert not launch.wgmma_device()
         assert launch.dynamic_smem_bytes("float16", 128) == 0
         assert launch.tile_shape("float16", 128) == (forward.mma_block_m(128),
                                                      forward.mma_block_n(128))
@@ -409,13 +410,11 @@ def test_wgmma_geometry():
 ], ids=lambda c: "-".join(map(str, c)))
 def test_gpu_wgmma_and_mma_sync_paths(case, monkeypatch):
     """On a compute-capability 9.0 GPU the half-precision kernels at head_dim 64 / 128 take the
-    wgmma path; it and the mma.sync path (NUMBA_FLASH_WGMMA=0) both meet the 2x rule on the same
+    wgmma path; it and the mma.sync path (WGMMA_ENABLED False, as NUMBA_FLASH_WGMMA=0 sets at import) both meet the 2x rule on the same
     random inputs (odd sizes, several 128-row query tiles, GQA, window + sinks, softcap)."""
-    from numba_flash.cuda.kernels import forward_geometry as forward
-
-    for flag in ("1", "0"):
-        monkeypatch.setenv("NUMBA_FLASH_WGMMA", flag)
-        assert launch._wgmma(case[0], case[6]) == (flag == "1" and forward.wgmma_device())
+    for enabled in (True, False):
+        monkeypatch.setattr(launch, "WGMMA_ENABLED", enabled)
+        assert launch.dynamic_smem_bytes(case[0], case[6]) > 0 or not launch.wgmma_device()
         check_case(np.random.default_rng(31), *case)
 
 

@@ -1,10 +1,11 @@
-"""One on-disk cache index per kernel configuration (numba_flash/cuda/jitcache.py)."""
+"""One on-disk cache index per kernel configuration (numba_flash/cuda/kernels/jitcache.py)."""
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from numba_flash.cuda import decode, decode_mma, forward, jitcache, merge
+from numba_flash.cuda.kernels import (decode_fma, decode_mma, forward_fma, forward_geometry,
+                                      forward_mma, jitcache, merge)
 
 
 def test_config_qualname_is_deterministic_and_distinct():
@@ -13,7 +14,7 @@ def test_config_qualname_is_deterministic_and_distinct():
     assert a.startswith("make.<locals>.kernel_") and len(a) == len("make.<locals>.kernel_") + 12
     assert a != b
     # The same name in another process (the cache must find it again).
-    code = ("from numba_flash.cuda import jitcache; "
+    code = ("from numba_flash.cuda.kernels import jitcache; "
             "print(jitcache.config_qualname('make.<locals>.kernel', ('mma', 128, False, True, 64)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == a
@@ -56,19 +57,23 @@ def _captured_configs(monkeypatch, module):
 
 
 def test_factories_pass_every_compile_time_argument(monkeypatch):
-    seen = _captured_configs(monkeypatch, forward)
-    forward.make_mma_kernel(64, False, False, True, False, False, True, 64, m_tiles=2)
-    forward.make_mma_kernel(64, True, False, True, False, False, True, 64, m_tiles=2)
-    forward.make_mma_kernel(64, False, False, True, False, False, True, 64, m_tiles=1)
-    forward.make_mma_kernel(64, False, False, True, False, False, True, 32, m_tiles=1)
-    forward.make_fma_kernel(64, False, True, True, False, False, True,
-                            forward.fma_block_n(64, 4))
-    forward.make_fma_kernel(64, True, True, True, False, False, True,
-                            forward.fma_block_n(64, 8))
-    assert len(set(seen)) == 6, seen
-    seen = _captured_configs(monkeypatch, decode)
-    decode.make_decode_kernel(128, False, 4, False, False, True, False, False, False, True, False)
-    decode.make_decode_kernel(128, False, 4, True, False, True, False, False, False, True, False)
+    seen = _captured_configs(monkeypatch, forward_mma)
+    forward_mma.make_mma_kernel(64, False, False, True, False, False, True, 64, m_tiles=2)
+    forward_mma.make_mma_kernel(64, True, False, True, False, False, True, 64, m_tiles=2)
+    forward_mma.make_mma_kernel(64, False, False, True, False, False, True, 64, m_tiles=1)
+    forward_mma.make_mma_kernel(64, False, False, True, False, False, True, 32, m_tiles=1)
+    assert len(set(seen)) == 4, seen
+    seen = _captured_configs(monkeypatch, forward_fma)
+    forward_fma.make_fma_kernel(64, False, True, True, False, False, True,
+                                forward_geometry.fma_block_n(64, 4))
+    forward_fma.make_fma_kernel(64, True, True, True, False, False, True,
+                                forward_geometry.fma_block_n(64, 8))
+    assert len(set(seen)) == 2, seen
+    seen = _captured_configs(monkeypatch, decode_fma)
+    decode_fma.make_decode_kernel(128, False, 4, False, False, True, False, False, False, True,
+                                  False)
+    decode_fma.make_decode_kernel(128, False, 4, True, False, True, False, False, False, True,
+                                  False)
     assert len(set(seen)) == 2, seen
     seen = _captured_configs(monkeypatch, decode_mma)
     args = (128, False, False, False, True, False, False, False, True, False, 32, 2, 1)

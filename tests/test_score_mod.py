@@ -265,8 +265,8 @@ def test_kernel_packed_batch_passes_the_sequence_as_b():
 @pytest.mark.parametrize("dtype_name,d", [("float16", 64), ("float16", 128), ("bfloat16", 128)])
 def test_gpu_both_half_precision_paths(monkeypatch, dtype_name, d):
     """wgmma (Hopper) and mma.sync kernels with score_mod, a mask and GQA, odd sizes."""
-    for flag in ("1", "0"):
-        monkeypatch.setenv("NUMBA_FLASH_WGMMA", flag)
+    for enabled in (True, False):
+        monkeypatch.setattr(launch, "WGMMA_ENABLED", enabled)
         _kernel_case(np.random.default_rng(9), dtype_name, 2, 333, 517, 4, 2, d, relative_bias,
                      _dense_relative_bias, causal=True)
         _kernel_case(np.random.default_rng(10), dtype_name, 1, 300, 300, 4, 1, d,

@@ -42,14 +42,14 @@ LOG2E = 1.0 / math.log(2.0)
 
 # NUMBA_FLASH_WGMMA=0 (read once, at import) keeps compute-capability 9.0 devices on the
 # mma.sync path, for comparisons; by default they take wgmma at head_dim 64 and 128.
-_WGMMA_ALLOWED = os.environ.get("NUMBA_FLASH_WGMMA", "1") != "0"
+WGMMA_ENABLED = os.environ.get("NUMBA_FLASH_WGMMA", "1") != "0"
 
 
 def wgmma_device() -> bool:
     """Whether the current device takes the wgmma path: a compute-capability 9.0 GPU (H100,
     H200; Numba compiles for sm_90a there), not the simulator, and ``NUMBA_FLASH_WGMMA`` not
     set to 0 when the package was imported."""
-    if SIMULATOR or not _WGMMA_ALLOWED:
+    if SIMULATOR or not WGMMA_ENABLED:
         return False
     return compute_capability(current_device_id()) == (9, 0)
 

@@ -93,7 +93,7 @@ def auto_num_splits_mma(units: int, keys: int, sm_count: int,
     return int(max(1, min(want, by_len, MAX_SPLITS)))
 
 
-def _launch_policy(core_kernel, threads: int, blocks: int, sm_count: int):
+def launch_policy(core_kernel, threads: int, blocks: int, sm_count: int):
     """(pdl, pad, late) of the automatic launch (H100 A/B, docs/decode.md "Launch policy").
 
     Programmatic dependent launch lets the next call's blocks be placed while this call runs;
@@ -497,7 +497,7 @@ def _cached_plan(key, build):
 
 def _mma_plan(d, is_bf16, params, keep, dev, stream):
     """The tensor-core kernel's plan: folded merge with per-stream counters, and the launch
-    policy (programmatic dependent launch, shared-memory pad) of ``_launch_policy``."""
+    policy (programmatic dependent launch, shared-memory pad) of ``launch_policy``."""
     fold = not d.direct
     counters = _counters("cuda", dev, d.batch * d.heads_kv * d.chunks, stream) if fold else \
         _dummy(dev, (1,), np.int32)
@@ -517,7 +517,7 @@ def _mma_plan(d, is_bf16, params, keep, dev, stream):
         pdl, pad, late = False, 0, False
         if pdl_device:
             blocks = grid[0] * grid[1] * grid[2]
-            pdl, pad, late = _launch_policy(cufunc.kernel, 32 * warps, blocks, sm_count(dev))
+            pdl, pad, late = launch_policy(cufunc.kernel, 32 * warps, blocks, sm_count(dev))
             if late:
                 config[16] = True
                 cufunc = compile_kernel(mma_decode_kernel(*config), params)
