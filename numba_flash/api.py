@@ -121,7 +121,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     Returns
     -------
     out : array (batch, seqlen_q, heads_q, head_dim), same kind and dtype as q
-    lse : array (batch, heads_q, seqlen_q), float32, only with ``return_lse=True``
+    lse : array (batch, heads_q, seqlen_q), float32 (float64 for float64 inputs), only with ``return_lse=True``
         Natural-log log-sum-exp of the scaled, soft-capped visible scores of each query row.
         A query row that sees no key gets ``out = 0`` and ``lse = -inf``.
 

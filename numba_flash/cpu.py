@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["attention_cpu"]
+__all__ = ["attention_cpu", "lse_dtype"]
+
+
+def lse_dtype(dtype) -> np.dtype:
+    """The lse's dtype for inputs of ``dtype``: float64 for float64 inputs (a float32 lse would
+    limit their gradients to ~1e-7 relative), float32 otherwise."""
+    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
 
 
 def attention_cpu(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1), sinks=0,
@@ -18,7 +24,7 @@ def attention_cpu(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1),
     q: (B, Sq, Hq, D), k, v: (B, Sk, Hkv, D), all one dtype among float16, bfloat16
     (ml_dtypes), float32, float64; any strides. softmax_scale must be a float (already resolved).
     Returns out (B, Sq, Hq, D) in the input dtype, and with return_lse also lse (B, Hq, Sq)
-    float32 (natural log; -inf for a query row that sees no key, whose output is 0).
+    float32, float64 for float64 inputs (natural log; -inf for a query row that sees no key, whose output is 0).
     alibi_slopes: None or float (Hq,) / (B, Hq); score_mod: None or fn(score, b, h, q_idx,
     kv_idx); see the reference.
     """
@@ -31,4 +37,4 @@ def attention_cpu(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1),
                                        score_mod=score_mod, return_lse=True)
     # One correct rounding to the input dtype (ml_dtypes alone rounds bfloat16 twice, via float32).
     out = round_to(out64, q.dtype).astype(q.dtype)
-    return (out, lse64.astype(np.float32)) if return_lse else out
+    return (out, lse64.astype(lse_dtype(q.dtype))) if return_lse else out

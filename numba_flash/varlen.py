@@ -159,13 +159,14 @@ def attention_varlen_cpu(q, k, v, varlen: Varlen, *, alibi_slopes=None, score_mo
     ``attention_cpu``'s (softmax_scale, causal, window_size, sinks, mask, softcap); a mask must
     fit every sequence's lengths. alibi_slopes: (Hq,) or (B, Hq). score_mod and a (b, h)-
     dependent mask_mod: called with b = the sequence's index in the batch. Returns out
-    (total_q, Hq, D) in q's dtype, and lse float32 (Hq, total_q) with ``return_lse``.
+    (total_q, Hq, D) in q's dtype, and lse (Hq, total_q) with ``return_lse``
+    (float32; float64 for float64 inputs).
     """
-    from .cpu import attention_cpu
+    from .cpu import attention_cpu, lse_dtype
 
     total_q, heads_q, head_dim = q.shape
     out = np.zeros(q.shape, dtype=q.dtype)
-    lse = np.full((heads_q, total_q), -np.inf, dtype=np.float32)
+    lse = np.full((heads_q, total_q), -np.inf, dtype=lse_dtype(q.dtype))
     slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, dtype=np.float64)
     for s in range(varlen.batch):
         q0, q1 = int(varlen.host_q[s]), int(varlen.host_q[s + 1])

@@ -99,29 +99,34 @@ def report(py_func, signature, cc=(9, 0)) -> dict:
 
 
 def forward_signature(half: bool, f64: bool = False, layout: str = "C"):
-    """The plain-launch signature of the forward kernels (launch.py's direct launch)."""
-    from numba_flash.cuda.launch import _UNUSED_MASK_ARGS
-
+    """The plain-launch signature of the forward kernels (launch/attention.py's plans: the
+    mask, cu_seqlens and ALiBi arrays as the library's placeholders)."""
+    unused = (types.Array(types.int32, 2, "C"), types.Array(types.int32, 2, "C"),
+              types.Array(types.int8, 3, "C"), types.Array(types.uint32, 2, "C"),
+              types.Array(types.int32, 1, "C"), types.Array(types.int32, 1, "C"),
+              types.Array(types.float32, 2, "C"))
     elem = types.uint32 if half else (types.float64 if f64 else types.float32)
     fty = types.float64 if f64 else types.float32
     arrays = [types.Array(elem, 4, layout)] * 4 + [types.Array(types.float32, 3, "C")]
     return types.void(*arrays, types.int64, types.int64, types.int64, fty, fty, fty,
-                      types.int64, types.int64, types.int64, *[t for t, _ in _UNUSED_MASK_ARGS])
+                      types.int64, types.int64, types.int64, *unused)
 
 
 def forward_report(dtype: str, head_dim: int, causal: bool, lse: bool = True, **extra) -> dict:
     """Offline report of one tensor-core / FMA forward kernel configuration."""
-    from numba_flash.cuda import forward
+    from numba_flash.cuda.kernels import forward_fma, forward_geometry, forward_mma
 
     if dtype in ("float16", "bfloat16"):
-        kern = forward.make_mma_kernel(head_dim, dtype == "bfloat16", False, causal, False, False,
-                                       lse, forward.mma_block_n(head_dim),
-                                       m_tiles=forward.mma_m_tiles(head_dim), **extra)
+        kern = forward_mma.make_mma_kernel(head_dim, dtype == "bfloat16", False, causal, False,
+                                           False, lse, forward_geometry.mma_block_n(head_dim),
+                                           m_tiles=forward_geometry.mma_m_tiles(head_dim), **extra)
         sig = forward_signature(True)
     else:
         itemsize = 8 if dtype == "float64" else 4
-        kern = forward.make_fma_kernel(head_dim, dtype == "float64", False, causal, False, False,
-                                       lse, forward.fma_block_n(head_dim, itemsize), **extra)
+        kern = forward_fma.make_fma_kernel(head_dim, dtype == "float64", False, causal, False,
+                                           False, lse, forward_geometry.fma_block_n(head_dim,
+                                                                                    itemsize),
+                                           **extra)
         sig = forward_signature(False, dtype == "float64")
     return report(kern.py_func, sig)
 

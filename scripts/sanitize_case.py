@@ -12,7 +12,7 @@ import argparse
 import cupy as cp
 import torch
 
-from numba_flash.cuda.launch import attention_cuda
+from numba_flash.cuda.launch.attention import attention_cuda
 
 
 def run(dtype, d, causal, window, sinks, rng):

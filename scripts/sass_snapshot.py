@@ -21,8 +21,9 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 import kernel_resources as kr  # noqa: E402  (sets NUMBA_ENABLE_CUDASIM=0)
 
-from numba_flash.cuda import forward  # noqa: E402
-from numba_flash.cuda.maskdev import BITMASK, INTERVALS  # noqa: E402
+from numba_flash.cuda.kernels import forward_fma, forward_mma  # noqa: E402
+from numba_flash.cuda.kernels import forward_geometry as geometry  # noqa: E402
+from numba_flash.cuda.kernels.masking import BITMASK, INTERVALS  # noqa: E402
 
 # name: (dtype, head_dim, (has_left, has_right, has_sinks, has_softcap, write_lse), extra)
 _FLAGS = {"plain": (False, False, False, False, True),
@@ -51,15 +52,15 @@ CONFIGS.append(("wgmma_float16_d128_bitmask", "float16", 128, _FLAGS["plain"],
 def build(dtype: str, head_dim: int, flags, extra: dict, wgmma: bool):
     """(py_func, signature, cc) of one configuration."""
     if dtype in ("float16", "bfloat16"):
-        kern = forward.make_mma_kernel(head_dim, dtype == "bfloat16", *flags,
-                                       forward.mma_block_n(head_dim, wgmma),
-                                       m_tiles=forward.mma_m_tiles(head_dim, wgmma), wgmma=wgmma,
-                                       **extra)
+        kern = forward_mma.make_mma_kernel(head_dim, dtype == "bfloat16", *flags,
+                                           geometry.mma_block_n(head_dim, wgmma),
+                                           m_tiles=geometry.mma_m_tiles(head_dim, wgmma),
+                                           wgmma=wgmma, **extra)
         sig = kr.forward_signature(True)
     else:
         itemsize = 8 if dtype == "float64" else 4
-        kern = forward.make_fma_kernel(head_dim, dtype == "float64", *flags,
-                                       forward.fma_block_n(head_dim, itemsize), **extra)
+        kern = forward_fma.make_fma_kernel(head_dim, dtype == "float64", *flags,
+                                           geometry.fma_block_n(head_dim, itemsize), **extra)
         sig = kr.forward_signature(False, dtype == "float64")
     return kern.py_func, sig, ((9, 0, "a") if wgmma else (9, 0))
 

@@ -82,7 +82,8 @@ def check_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal=False, window=(-1,
     out, lse = launch.attention_cuda(dq, dk, dv, softmax_scale=scale, return_lse=True, **kw)
     out, lse = _to_host(out), _to_host(lse)
     assert out.shape == shape_q and out.dtype == q.dtype
-    assert lse.shape == (b, hq, sq) and lse.dtype == np.float32
+    assert lse.shape == (b, hq, sq)
+    assert lse.dtype == (np.float64 if q.dtype == np.float64 else np.float32)
     ref, ref_lse = reference(q, k, v, softmax_scale=scale, return_lse=True, **kw)
     vis = visible_matrix(sq, sk, causal=causal, window_size=window, sinks=sinks)
     naive = naive_same_dtype(q, k, v, scale, vis, softcap)
@@ -437,7 +438,7 @@ def test_wgmma_kernel_compiles_offline():
     code = (
         "import os, sys; os.environ['NUMBA_ENABLE_CUDASIM'] = '0'; sys.path.insert(0, 'scripts')\n"
         "import kernel_resources as kr\n"
-        "from numba_flash.cuda import forward\n"
+        "from numba_flash.cuda.kernels import forward_mma as forward\n"
         "for d, causal, kind in ((128, False, 0), (64, True, 0), (128, False, 1)):\n"
         "    kern = forward.make_mma_kernel(d, d == 64, False, causal, False, False, True, 128,\n"
         "                                   mask_kind=kind, m_tiles=1, wgmma=True)\n"

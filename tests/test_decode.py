@@ -35,11 +35,14 @@ def _nan_poisoned_outputs(monkeypatch):
     poison_outputs(monkeypatch)
 
 
+_DECODE_CUDA = dec.decode_cuda
+
+
 def decode_options(monkeypatch, kernel="auto", tile=None, stream_hint=None):
     """Route numba_flash.decode's GPU calls through the runtime's test keywords: ``kernel``
     ("fma": the CUDA-core kernel at any head_dim), ``tile`` (block_n, stages, warps) of the
     tensor-core kernel, ``stream_hint`` (the evict-first L2 hint forced on / off)."""
-    original = dec.decode_cuda
+    original = _DECODE_CUDA
 
     def with_options(*args, **kwargs):
         return original(*args, kernel=kernel, tile=tile, stream_hint=stream_hint, **kwargs)

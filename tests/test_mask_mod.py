@@ -79,5 +79,8 @@ def test_alibi_in_reference_matches_dense_formula():
     np.testing.assert_allclose(out, want, atol=1e-12)
     with pytest.raises(ValueError, match="alibi_slopes must have shape"):
         reference(q, k, v, alibi_slopes=slopes[:, :2])
-    with pytest.raises(TypeError, match="float32"):
-        numba_flash.attention(q, k, v, alibi_slopes=slopes)
+    # float64 slopes (NumPy's default) are accepted: CPU mode computes in float64 either way
+    np.testing.assert_array_equal(
+        numba_flash.attention(q, k, v, causal=True, alibi_slopes=slopes, softcap=3.0),
+        numba_flash.attention(q, k, v, causal=True, alibi_slopes=slopes.astype(np.float64),
+                              softcap=3.0))

@@ -15,7 +15,7 @@ import time
 import cupy as cp
 import numpy as np
 
-from numba_flash.cuda import launch
+from numba_flash.cuda.launch import attention as launch
 from kernel_resources import loop_spills
 from numba_flash_reference.attention import attention as reference
 

@@ -23,7 +23,7 @@ from ..kernels.forward_fma import make_fma_kernel
 from ..kernels.forward_mma import make_mma_kernel
 from ..kernels.masking import NONE
 from ..primitives import SIMULATOR
-from .arrays import (FULL_NAMES, HALF_NAMES, BFloat16Array, as_words, empty_like_kind,
+from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array, as_words, empty_like_kind,
                      gpu_inputs, interface, kernel_array)
 from .device import compute_capability, current_device_id
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, current_device
@@ -33,6 +33,7 @@ from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
 
 __all__ = ["attention_cuda", "attention_fast", "window_flags", "kernel_for", "tile_shape",
+           "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED",
            "dynamic_smem_bytes", "compiled_kernel_count"]
 
 _KERNELS: dict = {}
@@ -173,7 +174,8 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     dtype among float16, bfloat16 (tensor cores, fp32 accumulation), float32, float64 (exact
     CUDA-core paths); any strides with a contiguous head_dim; head_dim in 32, 64, 96, 128, 256.
     Returns out of the inputs' kind and dtype, (batch, seqlen_q, heads_q, head_dim) contiguous,
-    or (out, lse) with lse float32 (batch, heads_q, seqlen_q), natural-log, -inf for rows that
+    or (out, lse) with lse float32 (float64 for float64 inputs) (batch, heads_q, seqlen_q),
+    natural-log, -inf for rows that
     see no key. Runs on ``stream`` or the caller's current stream; returns without
     synchronising. mask: a ``numba_flash.masks`` object (maskplan.py); alibi_slopes: float32
     (Hq,) or (B, Hq) on the device; varlen: a ``numba_flash.varlen.Varlen`` (q (total_q, Hq,
@@ -189,7 +191,8 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     p = _Problem(q, k, v, options, varlen)
     fill = p.lead   # rows of packed sequences with no visible key stay 0 / -inf
     out = empty_like_kind(kind, q, p.out_shape, dtype_name, zero=fill)
-    lse = empty_like_kind(kind, q, p.lse_shape, "float32", fill=-np.inf if fill else None) \
+    lse_name = "float64" if dtype_name == "float64" else "float32"
+    lse = empty_like_kind(kind, q, p.lse_shape, lse_name, fill=-np.inf if fill else None) \
         if p.return_lse else None
     if not p.empty:
         if SIMULATOR:

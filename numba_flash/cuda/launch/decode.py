@@ -379,9 +379,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
 
 def _full_lengths(kind, like, batch, capacity):
     """int32 (batch,) device array of ``capacity``: every sequence fills the cache."""
-    lengths = empty_like_kind(kind, like, (batch,), "int32")
-    lengths[...] = capacity
-    return lengths
+    return empty_like_kind(kind, like, (batch,), "int32", fill=capacity)
 
 
 _PLANS: dict = {}

@@ -150,6 +150,7 @@ def _allocators(kind, like, out_shape, out_dtype, lse_shape, fill):
         import torch
 
         dev, dt = like.device, like.dtype
+        lse_dt = torch.float64 if dt == torch.float64 else torch.float32
         index = dev.index
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         current = (lambda: raw(index)) if raw is not None else \
@@ -158,16 +159,17 @@ def _allocators(kind, like, out_shape, out_dtype, lse_shape, fill):
         new_out = lambda: make(out_shape, dtype=dt, device=dev)  # noqa: E731
         new_lse = None
         if lse_shape is not None:
-            new_lse = (lambda: torch.full(lse_shape, -np.inf, dtype=torch.float32, device=dev)) \
-                if fill else (lambda: torch.empty(lse_shape, dtype=torch.float32, device=dev))
+            new_lse = (lambda: torch.full(lse_shape, -np.inf, dtype=lse_dt, device=dev)) \
+                if fill else (lambda: torch.empty(lse_shape, dtype=lse_dt, device=dev))
         return new_out, new_lse, current
     import cupy
 
     dt = like.dtype
+    lse_dt = np.float64 if dt == np.float64 else np.float32
     make = cupy.zeros if fill else cupy.empty
     new_out = lambda: make(out_shape, dtype=dt)  # noqa: E731
     new_lse = None
     if lse_shape is not None:
-        new_lse = (lambda: cupy.full(lse_shape, -np.inf, dtype=np.float32)) if fill else \
-            (lambda: cupy.empty(lse_shape, dtype=np.float32))
+        new_lse = (lambda: cupy.full(lse_shape, -np.inf, dtype=lse_dt)) if fill else \
+            (lambda: cupy.empty(lse_shape, dtype=lse_dt))
     return new_out, new_lse, lambda: cupy.cuda.get_current_stream().ptr

@@ -12,6 +12,8 @@ stand-in for Numba's CUDA simulator so that kernel source is the same on both.
 * ``sync``: acquire-release atomics and paired global loads / stores (decode's folded merge).
 * ``wgmma``: Hopper warpgroup matrix products, shared-memory descriptors and addresses.
 * ``smem``: vectorised shared-memory loads.
+* ``vector``: 16-byte read-only global loads, 16-bit -> float32 unpacking.
+* ``grid``: programmatic dependent launch (griddepcontrol).
 
 Kernels import the names from here: ``from ..primitives import mma16, ldmatrix_x4, ...``.
 """
@@ -28,4 +30,4 @@ from .wgmma import (cp_async4_to, cp_async16_to, fence_proxy_async, lds_i32x2, s
                     sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
 from .smem import lds16
 from .grid import grid_dependency_wait, grid_launch_dependents
-from .vector import ld_v4, unpack_bf16, unpack_f16
+from .vector import ld_v4, unpack16, unpack_bf16, unpack_f16

@@ -11,7 +11,7 @@ import numpy as np
 
 from .base import SIMULATOR, item_pointer_i64
 
-__all__ = ["ld_v4", "unpack_f16", "unpack_bf16"]
+__all__ = ["ld_v4", "unpack_f16", "unpack_bf16", "unpack16"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -77,3 +77,19 @@ else:
         w = int(word) & 0xFFFFFFFF
         f = np.array([(w << 16) & 0xFFFFFFFF, w & 0xFFFF0000], dtype=np.uint32).view(np.float32)
         return f[0], f[1]
+
+
+if not SIMULATOR:
+    from numba import cuda
+
+    @cuda.jit(device=True, inline=True)
+    def unpack16(is_bf16, word):
+        """(low, high) float32 of a word of two bfloat16 (``is_bf16``, a compile-time constant
+        at the call site) or float16 values."""
+        if is_bf16:
+            return unpack_bf16(word)
+        return unpack_f16(word)
+else:
+    def unpack16(is_bf16, word):
+        """(low, high) float32 of a word of two bfloat16 (``is_bf16``) or float16 values."""
+        return unpack_bf16(word) if is_bf16 else unpack_f16(word)

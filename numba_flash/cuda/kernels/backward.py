@@ -1,0 +1,797 @@
+"""FlashAttention-2 backward kernels (FlashMask Algorithm 2 shape), built by factories whose
+arguments are compile-time constants.
+
+Kernels (see ``launch/backward.py`` for the order they run in):
+
+* ``make_preprocess_kernel``: ``delta[b, h, i] = rowsum(dO_i * O_i)`` (B, Hq, Sq), float32
+  (float64 for float64 inputs).
+* ``make_fma_dkdv_kernel`` (float32 / float64, CUDA cores) and ``make_mma_dkdv_kernel``
+  (float16 / bfloat16, ``mma.sync`` m16n8k16 with fp32 accumulation): column-parallel. A block
+  owns a key tile (K_j, V_j; dK_j, dV_j in registers) and walks the query tiles that can see it,
+  recomputing ``P = exp(S - lse)`` from the saved lse; ``dV += P^T dO``, ``dS = P (dP - delta)``,
+  ``dK += scale dS^T Q``; with ``atomic_dq`` also ``dQ += scale dS K`` by atomics into a
+  float32 (float64) accumulator.
+* ``make_fma_dq_kernel`` / ``make_mma_dq_kernel``: row-parallel dQ for ``deterministic=True``: a
+  block owns a query tile and walks the key tiles it sees (the forward's walk), recomputing P
+  and dS; no atomics, so dQ is bitwise reproducible.
+* ``make_reduce_kernel``: sums per-query-head dK / dV partials (B, Sk, Hq, D) over each GQA group
+  into (B, Sk, Hkv, D) in a fixed order, converting to the output dtype (also converts the fp32
+  dQ accumulator of the 16-bit path, with group size 1).
+
+GQA choice: every (batch, query head) block writes its own dK / dV partial rows (no atomics,
+so dK / dV are deterministic in both modes); the reduce kernel adds the ``Hq / Hkv`` heads of a
+group in head order. Workspace: 2 x B x Sk x Hq x D accumulator elements when Hq > Hkv or for
+16-bit inputs; float32 / float64 inputs with Hq == Hkv write dK / dV directly.
+
+Masks: the forward's flags (window left / right, causal = right 0, bottom-right alignment,
+sinks with a left bound, softcap) and FlashMask column intervals (``masking.INTERVALS``: the
+per-key-tile min/max vectors classify each (query tile, key tile) as skipped, fully visible or
+partial; per-element tests only in partial tiles, with the key column's 4 bounds loaded once
+per block into registers). Bitmask and mask_mod objects are not implemented here.
+
+Every kernel body is a short sequence of the ``@cuda.jit(device=True, inline=True)`` tile
+helpers below; compile-time choices enter as closure constants.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+from numba.cuda import types
+
+from ..primitives import (SIMULATOR, exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shfl_xor,
+                          unpack16)
+from .jitcache import jit_kernel
+from .masking import INTERVALS, NONE, key_tiles
+from .tile_classes import FULL, SKIP, interval_class
+
+__all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_fma_dkdv_kernel",
+           "make_fma_dq_kernel", "make_mma_dkdv_kernel", "make_mma_dq_kernel", "fma_layout",
+           "mma_layout", "PRE_THREADS", "REDUCE_THREADS"]
+
+LOG2E = 1.4426950408889634
+PRE_THREADS = 128
+REDUCE_THREADS = 256
+
+# ----------------------------------------------------------------------------- tile helpers
+@cuda.jit(device=True, inline=True)
+def query_rows(k0, k1, seqlen_q, offset, has_left, has_right, has_sinks, wl, wr, sinks):
+    """Query rows [lo, hi) that can see a key of [k0, k1) through the flags (bottom-right
+    aligned: row r sits at key position r + offset). Sink keys are seen by every later row."""
+    lo = 0
+    hi = seqlen_q
+    if has_right:
+        lo = max(0, k0 - wr - offset)
+    if has_left:
+        hi = min(seqlen_q, k1 + wl - offset)
+    if has_sinks and k0 < sinks:
+        lo = min(lo, max(0, k0 - offset))
+        hi = seqlen_q
+    return lo, hi
+
+
+@cuda.jit(device=True, inline=True)
+def tile_full(r0, r1, k0, k1, seqlen_q, seqlen_k, offset, has_left, has_right, has_sinks, wl,
+              wr, sinks):
+    """Is every pair of rows [r0, r1) x keys [k0, k1) in range and visible through the flags?"""
+    q_lo = r0 + offset
+    q_hi = r1 - 1 + offset
+    win = True
+    if has_left:
+        win = k0 >= q_hi - wl
+    if has_right:
+        win = win and k1 - 1 <= q_lo + wr
+    if has_sinks:
+        win = win or (k1 <= sinks and k1 - 1 <= q_lo)
+    return win and r1 <= seqlen_q and k1 <= seqlen_k
+
+
+@cuda.jit(device=True, inline=True)
+def pair_visible(row, kpos, seqlen_q, seqlen_k, offset, has_left, has_right, has_sinks, wl, wr,
+                 sinks, kind, lts, lte, uts, ute):
+    """Is (query row, key) visible: in range, through the flags and (``kind`` INTERVALS) outside
+    the key column's masked rows [lts, lte) and [uts, ute)."""
+    qpos = row + offset
+    win = True
+    if has_left:
+        win = kpos >= qpos - wl
+    if has_right:
+        win = win and kpos <= qpos + wr
+    if has_sinks:
+        win = win or (kpos < sinks and kpos <= qpos)
+    if kind == INTERVALS:
+        win = win and (row < lts or row >= lte) and (row < uts or row >= ute)
+    return win and row < seqlen_q and kpos < seqlen_k
+
+
+@cuda.jit(device=True, inline=True)
+def column_bounds(kind, iv, kpos, seqlen_k):
+    """The 4 interval bounds (lts, lte, uts, ute) of key column ``kpos`` (clamped into range;
+    zeros, i.e. nothing masked, without intervals)."""
+    if kind == INTERVALS:
+        c = min(kpos, seqlen_k - 1)
+        return int(iv[0, c]), int(iv[1, c]), int(iv[2, c]), int(iv[3, c])
+    return 0, 0, 0, 0
+
+
+@cuda.jit(device=True, inline=True)
+def tile_kind(kind, mm, ktile, r0, bm, k0, bn, seqlen_q, seqlen_k, has_left, has_right,
+              has_sinks, wl, wr, sinks):
+    """(skip, full) of rows [r0, r0 + bm) x keys [k0, k0 + bn) (key tile ``ktile`` of the
+    min/max vectors ``mm``): the mask object's class intersected with the flags' fullness."""
+    cls = FULL
+    if kind == INTERVALS:
+        cls = interval_class(mm, ktile, r0, min(r0 + bm, seqlen_q))
+    full = tile_full(r0, r0 + bm, k0, k0 + bn, seqlen_q, seqlen_k, seqlen_k - seqlen_q,
+                     has_left, has_right, has_sinks, wl, wr, sinks)
+    return cls == SKIP, full and cls == FULL
+
+
+@cuda.jit(device=True, inline=True)
+def load_tile(dst, src, b, r0, h, limit, tid, nthreads):
+    """Cooperative copy of rows r0.. of ``src[b, :, h, :]`` into the shared tile ``dst`` (rows,
+    W); rows at or past ``limit`` become zeros."""
+    rows, cols = dst.shape
+    for i in range(tid, rows * cols, nthreads):
+        r = i // cols
+        c = i - r * cols
+        if r0 + r < limit:
+            dst[r, c] = src[b, r0 + r, h, c]
+        else:
+            dst[r, c] = 0
+
+
+@cuda.jit(device=True, inline=True)
+def load_rowvec(dst, src, b, h, r0, limit, tid, nthreads):
+    """Cooperative copy of ``src[b, h, r0:r0 + len(dst)]`` into shared ``dst`` (zeros past
+    ``limit``)."""
+    for i in range(tid, dst.shape[0], nthreads):
+        dst[i] = src[b, h, r0 + i] if r0 + i < limit else 0
+
+
+@cuda.jit(device=True, inline=True)
+def load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, b, h, r0, seqlen_q, tid, nthreads):
+    """Rows r0.. of Q and dO, with their lse and delta, into shared memory (zeros past Sq)."""
+    load_tile(qs, q, b, r0, h, seqlen_q, tid, nthreads)
+    load_tile(dos, dout, b, r0, h, seqlen_q, tid, nthreads)
+    load_rowvec(ls, lse, b, h, r0, seqlen_q, tid, nthreads)
+    load_rowvec(dls, delta, b, h, r0, seqlen_q, tid, nthreads)
+
+
+@cuda.jit(device=True, inline=True)
+def load_share(dst, src, b, row, h, c0, n, ok):
+    """This lane's share ``dst[:n] = src[b, row, h, c0:c0 + n]`` (zeros unless ``ok``)."""
+    for e in range(n):
+        if ok:
+            dst[e] = src[b, row, h, c0 + e]
+        else:
+            dst[e] = 0
+
+
+@cuda.jit(device=True, inline=True)
+def zero(acc, n):
+    for e in range(n):
+        acc[e] = 0
+
+
+@cuda.jit(device=True, inline=True)
+def dot_share(regs, tile, r, c0, n, lanes):
+    """Dot product of a row split over ``lanes`` consecutive lanes (this lane: ``regs[:n]``
+    against ``tile[r, c0:c0 + n]``); the xor butterfly leaves the same sum in every lane."""
+    acc = regs[0] * tile[r, c0]
+    for e in range(1, n):
+        acc += regs[e] * tile[r, c0 + e]
+    m = 1
+    while m < lanes:
+        acc += shfl_xor(acc, m)
+        m *= 2
+    return acc
+
+
+@cuda.jit(device=True, inline=True)
+def axpy(acc, a, tile, r, c0, n):
+    """``acc[:n] += a * tile[r, c0:c0 + n]``."""
+    for e in range(n):
+        acc[e] += a * tile[r, c0 + e]
+
+
+@cuda.jit(device=True, inline=True)
+def grad_scores(qk, dp, lse_r, delta_r, scale, cap_in, cap_out, has_softcap, base2):
+    """(p, ds) of one pair from its q.k and dO.v: ``s = scale q.k`` (softcap:
+    ``cap_out tanh(cap_in q.k)``), ``p = exp(s - lse)``, ``ds = p (dp - delta)``, times
+    ``1 - tanh^2`` under softcap. ``base2``: s and lse are in base 2 (exp2)."""
+    t = cap_in * qk
+    if has_softcap:
+        t = math.tanh(t)
+        s = cap_out * t
+    else:
+        s = scale * qk
+    if base2:
+        p = exp2(np.float32(s - lse_r))
+    else:
+        p = math.exp(s - lse_r)
+    ds = p * (dp - delta_r)
+    if has_softcap:
+        ds -= ds * t * t
+    return p, ds
+
+
+@cuda.jit(device=True, inline=True)
+def store_share(dst, b, row, h, c0, acc, factor, n, ok):
+    """``dst[b, row, h, c0:c0 + n] = factor * acc[:n]`` if ``ok``."""
+    if ok:
+        for e in range(n):
+            dst[b, row, h, c0 + e] = acc[e] * factor
+
+
+@cuda.jit(device=True, inline=True)
+def dq_atomic(dss, k, b, hk, k0, seqlen_k, dq_acc, r0, h, seqlen_q, scale, tid, nthreads):
+    """``dq_acc[b, r0 + r, h, :] += scale * sum_j dss[r, j] k[b, k0 + j, hk, :]`` for the tile's
+    rows, one atomic per element (K rows are read from global memory: L1-resident)."""
+    rows, keys = dss.shape
+    width = k.shape[3]
+    nk = min(keys, seqlen_k - k0)
+    for i in range(tid, rows * width, nthreads):
+        r = i // width
+        c = i - r * width
+        if r0 + r < seqlen_q:
+            acc = dss[r, 0] * k[b, k0, hk, c]
+            for j in range(1, nk):
+                acc += dss[r, j] * k[b, k0 + j, hk, c]
+            cuda.atomic.add(dq_acc, (b, r0 + r, h, c), acc * scale)
+
+
+# ----------------------------------------------------------------------------- small kernels
+def make_preprocess_kernel(half: bool, is_bf16: bool, is_f64: bool):
+    """``delta = rowsum(dout * out)``.
+
+    Kernel ``(out, dout, delta)``: out, dout (B, Sq, Hq, W) in the working dtype (``half``:
+    uint32 words of two float16 / bfloat16, W = D / 2), delta (B, Hq, Sq) float32 (float64 when
+    ``is_f64``). Grid ``(ceil(Sq / PRE_THREADS), B * Hq)``, ``PRE_THREADS`` threads, one row each.
+    """
+    HALF, BF16 = bool(half), bool(is_bf16)
+    npdt = np.float64 if is_f64 else np.float32
+
+    def kernel(out, dout, delta):
+        heads = out.shape[2]
+        b = cuda.blockIdx.y // heads
+        h = cuda.blockIdx.y % heads
+        row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if row >= out.shape[1]:
+            return
+        acc = npdt(0.0)
+        for w in range(out.shape[3]):
+            if HALF:
+                o0, o1 = unpack16(BF16, out[b, row, h, w])
+                d0, d1 = unpack16(BF16, dout[b, row, h, w])
+                acc += o0 * d0 + o1 * d1
+            else:
+                acc += out[b, row, h, w] * dout[b, row, h, w]
+        delta[b, h, row] = acc
+
+    return jit_kernel(kernel, ("bwd_pre", HALF, BF16, bool(is_f64)))
+
+
+def make_reduce_kernel(half: bool, is_bf16: bool):
+    """Sum of per-query-head partials over each group, in head order, to the output dtype.
+
+    Kernel ``(acc, dst, ratio)``: acc (B, S, Hq, D) float32 / float64, dst (B, S, Hq / ratio, W)
+    (``half``: uint32 words of two 16-bit values, W = D / 2). 1-D grid over dst's elements,
+    ``REDUCE_THREADS`` threads per block.
+    """
+    HALF, BF16 = bool(half), bool(is_bf16)
+
+    def kernel(acc, dst, ratio):
+        nb, ns, nh, nw = dst.shape
+        i = cuda.grid(1)
+        if i >= nb * ns * nh * nw:
+            return
+        w = i % nw
+        h = (i // nw) % nh
+        s = (i // (nw * nh)) % ns
+        b = i // (nw * nh * ns)
+        per = 2 if HALF else 1
+        x0 = acc[b, s, h * ratio, w * per]
+        x1 = acc[b, s, h * ratio, w * per + per - 1]
+        for g in range(1, ratio):
+            x0 += acc[b, s, h * ratio + g, w * per]
+            x1 += acc[b, s, h * ratio + g, w * per + per - 1]
+        if HALF:
+            dst[b, s, h, w] = pack16(BF16, x0, x1)
+        else:
+            dst[b, s, h, w] = x0
+
+    return jit_kernel(kernel, ("bwd_reduce", HALF, BF16))
+
+
+# ----------------------------------------------------------------------------- CUDA-core path
+def fma_layout(head_dim: int, itemsize: int):
+    """(lanes per key / row, keys (rows) owned per block, rows (keys) per streamed tile) of the
+    float32 / float64 kernels: 2 lanes up to head_dim 32, then head_dim / 16 (at most 8); 32
+    owned rows; streamed tiles of Q and dO (K and V) within 32 KB of shared memory."""
+    lanes = min(8, max(2, head_dim // 16))
+    stream = max(8, min(32, 16384 // (head_dim * itemsize)))
+    return lanes, 32, stream
+
+
+def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
+                         has_sinks: bool, has_softcap: bool, atomic_dq: bool,
+                         mask_kind: int = NONE, lanes: int = 0, block_n: int = 0,
+                         block_m: int = 0):
+    """Column-parallel dK / dV (and with ``atomic_dq`` dQ) kernel, float32 or float64.
+
+    Kernel ``(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
+    heads_ratio, scale, cap_in, cap, window_left, window_right, sinks, mk_iv, mk_mm)``:
+    q, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv, D) in the working dtype; lse, delta (B, Hq, Sq)
+    (natural log; float32 lse is fine for float64); dq_acc (B, Sq, Hq, D) working dtype, zeroed,
+    atomically accumulated (unused without ``atomic_dq``); dk_acc, dv_acc (B, Sk, Hq, D) written
+    (the outputs themselves when Hq == Hkv); mk_iv int32 (4, Sk) intervals, mk_mm int32
+    (8, ceil(Sk / block_n)) their min/max (``tiles.tile_minmax`` with ``block_n``). Scalars:
+    scale, cap_in = scale / softcap, cap = softcap in the working dtype.
+
+    Geometry (``fma_layout``; overridable for tests): ``lanes`` consecutive lanes share a key,
+    each holding head_dim / lanes elements of k, v, dk, dv in registers; ``block_n`` keys per
+    block (``lanes * block_n`` threads); query tiles of ``block_m`` rows of Q, dO, lse, delta
+    (and dS for atomic dQ) in shared memory. Grid ``(ceil(Sk / block_n), B * Hq)``.
+    """
+    D = head_dim
+    ITEM = 8 if is_f64 else 4
+    L0, N0, M0 = fma_layout(D, ITEM)
+    TP, BN, BM = lanes or L0, block_n or N0, block_m or M0
+    NT, E = TP * BN, D // TP
+    assert D % TP == 0 and 32 % TP == 0 and NT % 32 == 0, (D, TP, BN)
+    dt = types.float64 if is_f64 else types.float32
+    npdt = np.float64 if is_f64 else np.float32
+    KIND, ATOMIC = int(mask_kind), bool(atomic_dq)
+    flags = (has_left, has_right, has_sinks)
+
+    def kernel(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
+               heads_ratio, scale, cap_in, cap, wl, wr, sinks, mk_iv, mk_mm):
+        ktile = cuda.blockIdx.x
+        b = cuda.blockIdx.y // q.shape[2]
+        h = cuda.blockIdx.y % q.shape[2]
+        hk = h // heads_ratio
+        tid = cuda.threadIdx.x
+        c0 = (tid % TP) * E
+        k0 = ktile * BN
+        key = k0 + tid // TP
+        offset = seqlen_k - seqlen_q
+        qs = cuda.shared.array((BM, D), dt)
+        dos = cuda.shared.array((BM, D), dt)
+        ls = cuda.shared.array(BM, dt)
+        dls = cuda.shared.array(BM, dt)
+        dss = cuda.shared.array((BM, BN), dt)
+        kr = cuda.local.array(E, dt)
+        vr = cuda.local.array(E, dt)
+        dk = cuda.local.array(E, dt)
+        dv = cuda.local.array(E, dt)
+        load_share(kr, k, b, key, hk, c0, E, key < seqlen_k)
+        load_share(vr, v, b, key, hk, c0, E, key < seqlen_k)
+        zero(dk, E)
+        zero(dv, E)
+        lts, lte, uts, ute = column_bounds(KIND, mk_iv, key, seqlen_k)
+        lo, hi = query_rows(k0, min(k0 + BN, seqlen_k), seqlen_q, offset, has_left, has_right,
+                            has_sinks, wl, wr, sinks)
+        for qt in range(lo // BM, (hi + BM - 1) // BM if hi > lo else 0):
+            r0 = qt * BM
+            skip, full = tile_kind(KIND, mk_mm, ktile, r0, BM, k0, BN, seqlen_q, seqlen_k,
+                                   has_left, has_right, has_sinks, wl, wr, sinks)
+            if skip:
+                continue
+            cuda.syncthreads()      # every thread is done with the previous tile
+            load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, b, h, r0, seqlen_q, tid, NT)
+            cuda.syncthreads()
+            for r in range(BM):
+                p, ds = grad_scores(dot_share(kr, qs, r, c0, E, TP),
+                                    dot_share(vr, dos, r, c0, E, TP), ls[r], dls[r], scale,
+                                    cap_in, cap, has_softcap, False)
+                if not full and not pair_visible(r0 + r, key, seqlen_q, seqlen_k, offset,
+                                                 has_left, has_right, has_sinks, wl, wr, sinks,
+                                                 KIND, lts, lte, uts, ute):
+                    p = npdt(0.0)
+                    ds = npdt(0.0)
+                axpy(dv, p, dos, r, c0, E)
+                axpy(dk, ds, qs, r, c0, E)
+                if ATOMIC and c0 == 0:
+                    dss[r, tid // TP] = ds
+            if ATOMIC:
+                cuda.syncthreads()
+                dq_atomic(dss, k, b, hk, k0, seqlen_k, dq_acc, r0, h, seqlen_q, scale, tid, NT)
+        store_share(dk_acc, b, key, h, c0, dk, scale, E, key < seqlen_k)
+        store_share(dv_acc, b, key, h, c0, dv, npdt(1.0), E, key < seqlen_k)
+
+    return jit_kernel(kernel, ("bwd_fma_dkdv", D, bool(is_f64), *flags, has_softcap, ATOMIC,
+                               KIND, TP, BN, BM))
+
+
+def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
+                       has_sinks: bool, has_softcap: bool, mask_kind: int = NONE,
+                       lanes: int = 0, block_m: int = 0, block_n: int = 0):
+    """Row-parallel dQ kernel (deterministic mode), float32 or float64.
+
+    Kernel ``(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap,
+    window_left, window_right, sinks, mk_iv, mk_mm)``: arrays as in ``make_fma_dkdv_kernel``,
+    dq (B, Sq, Hq, D) written; mk_mm the min/max of key tiles of ``block_n`` keys.
+
+    Geometry: the dual of the dK / dV kernel: ``lanes`` lanes share a query row (q, dO, dq in
+    registers), ``block_m`` rows per block (``lanes * block_m`` threads), key tiles of
+    ``block_n`` K and V rows in shared memory. Grid ``(ceil(Sq / block_m), B * Hq)``.
+    """
+    D = head_dim
+    ITEM = 8 if is_f64 else 4
+    L0, M0, N0 = fma_layout(D, ITEM)
+    TP, BM, BN = lanes or L0, block_m or M0, block_n or N0
+    NT, E = TP * BM, D // TP
+    assert D % TP == 0 and 32 % TP == 0 and NT % 32 == 0, (D, TP, BM)
+    dt = types.float64 if is_f64 else types.float32
+    KIND = int(mask_kind)
+    flags = (has_left, has_right, has_sinks)
+
+    def kernel(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, heads_ratio, scale, cap_in,
+               cap, wl, wr, sinks, mk_iv, mk_mm):
+        qtile = cuda.blockIdx.x
+        b = cuda.blockIdx.y // q.shape[2]
+        h = cuda.blockIdx.y % q.shape[2]
+        hk = h // heads_ratio
+        tid = cuda.threadIdx.x
+        c0 = (tid % TP) * E
+        r0 = qtile * BM
+        r1 = min(r0 + BM, seqlen_q)
+        row = r0 + tid // TP
+        ok = row < seqlen_q
+        offset = seqlen_k - seqlen_q
+        ks = cuda.shared.array((BN, D), dt)
+        vs = cuda.shared.array((BN, D), dt)
+        qr = cuda.local.array(E, dt)
+        dor = cuda.local.array(E, dt)
+        dq_r = cuda.local.array(E, dt)
+        load_share(qr, q, b, row, h, c0, E, ok)
+        load_share(dor, dout, b, row, h, c0, E, ok)
+        zero(dq_r, E)
+        lse_r = lse[b, h, min(row, seqlen_q - 1)]
+        delta_r = delta[b, h, min(row, seqlen_q - 1)]
+        tile_lo, tile_hi, tile, last, sink_tiles = key_tiles(
+            r0 + offset, r1 - 1 + offset, seqlen_k, BN, has_left, has_right, has_sinks, wl, wr,
+            sinks)
+        while tile <= last:
+            k0 = tile * BN
+            skip, full = tile_kind(KIND, mk_mm, tile, r0, BM, k0, BN, seqlen_q, seqlen_k,
+                                   has_left, has_right, has_sinks, wl, wr, sinks)
+            if not skip:
+                cuda.syncthreads()
+                load_tile(ks, k, b, k0, hk, seqlen_k, tid, NT)
+                load_tile(vs, v, b, k0, hk, seqlen_k, tid, NT)
+                cuda.syncthreads()
+                for c in range(BN):
+                    lts, lte, uts, ute = column_bounds(KIND, mk_iv, k0 + c, seqlen_k)
+                    p, ds = grad_scores(dot_share(qr, ks, c, c0, E, TP),
+                                        dot_share(dor, vs, c, c0, E, TP), lse_r, delta_r, scale,
+                                        cap_in, cap, has_softcap, False)
+                    if full or pair_visible(row, k0 + c, seqlen_q, seqlen_k, offset, has_left,
+                                            has_right, has_sinks, wl, wr, sinks, KIND, lts, lte,
+                                            uts, ute):
+                        axpy(dq_r, ds, ks, c, c0, E)
+            tile += 1
+            if has_sinks and tile >= sink_tiles and tile < tile_lo:
+                tile = tile_lo
+        store_share(dq, b, row, h, c0, dq_r, scale, E, ok)
+
+    return jit_kernel(kernel, ("bwd_fma_dq", D, bool(is_f64), *flags, has_softcap, KIND, TP,
+                               BM, BN))
+
+
+# ----------------------------------------------------------------------------- tensor-core path
+# Fragments (warp.py's module docstring): a warp's 16 x 8 accumulator n-tile j holds, in lane
+# (g, t) = (lane >> 2, lane & 3), element e of rows g + 8 (e >> 1), columns 8 j + 2 t + (e & 1).
+# Pairs of n-tiles packed to 16 bits are A fragments of the next product (P never leaves
+# registers); with S^T = K Q^T the accumulator of a key tile's warp is P^T, the A operand of
+# dV += P^T dO, and dS^T the A operand of dK += dS^T Q.
+def mma_layout(head_dim: int):
+    """(warps, keys owned per block = 16 x warps, rows per streamed query tile) of the 16-bit
+    kernels: K, V, Q, dO tiles and dS^T within 48 KB of static shared memory."""
+    if head_dim <= 96:
+        return 4, 64, 64 if head_dim <= 64 else 32
+    if head_dim <= 128:
+        return 4, 64, 16
+    return 1, 16, 16
+
+
+@cuda.jit(device=True, inline=True)
+def mma_pair(acc, o, is_bf16, a0, a1, a2, a3, b0, b1, b2, b3):
+    """Two 16 x 8 n-tiles ``acc[o:o + 4]`` (B fragment b0, b1) and ``acc[o + 4:o + 8]``
+    (b2, b3) += A B for one warp."""
+    acc[o], acc[o + 1], acc[o + 2], acc[o + 3] = mma16(
+        is_bf16, a0, a1, a2, a3, b0, b1, acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
+    acc[o + 4], acc[o + 5], acc[o + 6], acc[o + 7] = mma16(
+        is_bf16, a0, a1, a2, a3, b2, b3, acc[o + 4], acc[o + 5], acc[o + 6], acc[o + 7])
+
+
+@cuda.jit(device=True, inline=True)
+def mma_abt(acc, is_bf16, a_tile, a_row, b_tile, n_pairs, ksteps, lane):
+    """``acc`` = A B^T for one warp: A = 16 rows of ``a_tile`` from ``a_row``, B = rows
+    0 .. 16 n_pairs of ``b_tile`` (both [row][k] word tiles, k = 16 ksteps); n-tile j in
+    ``acc[4 j:4 j + 4]``."""
+    v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
+    v_col = (lane >> 4) * 4
+    for i in range(8 * n_pairs):
+        acc[i] = 0
+    for kk in range(ksteps):
+        a0, a1, a2, a3 = ldmatrix_x4(a_tile, a_row + v_row, kk * 8 + v_col)
+        for jj in range(n_pairs):
+            # matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15)
+            b0, b2, b1, b3 = ldmatrix_x4(b_tile, jj * 16 + v_row, kk * 8 + v_col)
+            mma_pair(acc, 8 * jj, is_bf16, a0, a1, a2, a3, b0, b1, b2, b3)
+
+
+@cuda.jit(device=True, inline=True)
+def mma_pb(acc, is_bf16, pk, b_tile, ksteps, n_pairs, col0, lane):
+    """``acc`` += A B for one warp: A from packed fragments ``pk`` (16 rows x 16 ksteps),
+    B = rows 0 .. 16 ksteps, word columns col0 .. col0 + 8 n_pairs of the [k][n] word tile
+    ``b_tile`` (ldmatrix.trans)."""
+    v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
+    v_col = (lane >> 4) * 4
+    for kb in range(ksteps):
+        for dd in range(n_pairs):
+            b0, b1, b2, b3 = ldmatrix_x4_trans(b_tile, kb * 16 + v_row, col0 + dd * 8 + v_col)
+            mma_pair(acc, 8 * dd, is_bf16, pk[4 * kb], pk[4 * kb + 1], pk[4 * kb + 2],
+                     pk[4 * kb + 3], b0, b1, b2, b3)
+
+
+@cuda.jit(device=True, inline=True)
+def transposed_fragments(pk, ts, row_word, ksteps, lane):
+    """A fragments of M (16 rows x 16 ksteps keys) from the shared word tile ``ts`` holding
+    M^T ([key][row pair]; M's rows from word ``row_word``), by ldmatrix.trans."""
+    v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
+    v_col = (lane >> 4) * 4
+    for kb in range(ksteps):
+        a0, a2, a1, a3 = ldmatrix_x4_trans(ts, kb * 16 + v_row, row_word + v_col)
+        pk[4 * kb] = a0
+        pk[4 * kb + 1] = a1
+        pk[4 * kb + 2] = a2
+        pk[4 * kb + 3] = a3
+
+
+@cuda.jit(device=True, inline=True)
+def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, dls, scale_log2,
+                cap_in, cap_log2, has_softcap, is_bf16, full, seqlen_q, seqlen_k, has_left,
+                has_right, has_sinks, wl, wr, sinks, kind, mk_iv):
+    """P and dS of a warp's score fragments ``st`` (S, or S^T when ``transposed``) and ``dpt``
+    (dP or dP^T), packed to 16-bit A fragments ``pkp`` / ``pkd``. Fragment rows are the warp's
+    own 16 (from ``own0`` in the tile), columns the streamed tile's; ``ls`` / ``dls`` are the
+    (natural) lse and delta of the query tile's rows in shared memory. Masked pairs give 0."""
+    g = lane >> 2
+    t = lane & 3
+    offset = seqlen_k - seqlen_q
+    for j in range(n_tiles):
+        for e in range(0, 4, 2):
+            own = own0 + g + 4 * e
+            for c in range(2):
+                col = 8 * j + 2 * t + c
+                lrow = col if transposed else own
+                row = r0 + lrow
+                key = k0 + (own if transposed else col)
+                p, ds = grad_scores(st[4 * j + e + c], dpt[4 * j + e + c], ls[lrow] * LOG2E,
+                                    dls[lrow], scale_log2, cap_in, cap_log2, has_softcap, True)
+                if not full:
+                    lts, lte, uts, ute = column_bounds(kind, mk_iv, key, seqlen_k)
+                    if not pair_visible(row, key, seqlen_q, seqlen_k, offset, has_left,
+                                        has_right, has_sinks, wl, wr, sinks, kind, lts, lte,
+                                        uts, ute):
+                        p = np.float32(0.0)
+                        ds = np.float32(0.0)
+                st[4 * j + e + c] = p
+                dpt[4 * j + e + c] = ds
+            pkp[2 * j + e // 2] = pack16(is_bf16, st[4 * j + e], st[4 * j + e + 1])
+            pkd[2 * j + e // 2] = pack16(is_bf16, dpt[4 * j + e], dpt[4 * j + e + 1])
+
+
+@cuda.jit(device=True, inline=True)
+def store_fragments(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, atomic):
+    """Rows r0 + g (+ 8) and columns col0 + 8 j + 2 t (+ 1) of a warp's accumulator (n-tiles
+    0 .. n_tiles) times ``factor`` into ``dst[b, row, h, col]`` (rows below ``limit``), stored,
+    or added by atomics."""
+    g = lane >> 2
+    t = lane & 3
+    for j in range(n_tiles):
+        for e in range(4):
+            row = r0 + g + 4 * (e & 2)
+            if row < limit:
+                col = col0 + 8 * j + 2 * t + (e & 1)
+                if atomic:
+                    cuda.atomic.add(dst, (b, row, h, col), acc[4 * j + e] * factor)
+                else:
+                    dst[b, row, h, col] = acc[4 * j + e] * factor
+
+
+@cuda.jit(device=True, inline=True)
+def store_packed(ts, own0, pk, n_tiles, lane):
+    """Packed fragments (16 rows from ``own0`` x 8 n_tiles columns) into the shared word tile
+    ``ts`` [row][column pair]: the transpose that the dQ product reads back."""
+    g = lane >> 2
+    t = lane & 3
+    for j in range(n_tiles):
+        ts[own0 + g, 4 * j + t] = pk[2 * j]
+        ts[own0 + g + 8, 4 * j + t] = pk[2 * j + 1]
+
+
+def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
+                         has_sinks: bool, has_softcap: bool, atomic_dq: bool,
+                         mask_kind: int = NONE, warps: int = 0, block_n: int = 0,
+                         block_m: int = 0):
+    """Column-parallel dK / dV (and with ``atomic_dq`` dQ) kernel on tensor cores, float16 /
+    bfloat16 with fp32 accumulation.
+
+    Kernel ``(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
+    heads_ratio, scale, scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv,
+    mk_mm)``: q, dout uint32 (B, Sq, Hq, D / 2), k, v uint32 (B, Sk, Hkv, D / 2) (two 16-bit
+    values per word); lse float32 (B, Hq, Sq) natural log; delta float32 (B, Hq, Sq); dq_acc
+    float32 (B, Sq, Hq, D) zeroed, atomically accumulated; dk_acc, dv_acc float32
+    (B, Sk, Hq, D) per-query-head partials, written; masks as in ``make_fma_dkdv_kernel``
+    (min/max of ``block_n``-key tiles). Scalars float32: scale, scale * log2 e, scale / softcap,
+    softcap * log2 e.
+
+    Geometry (``mma_layout``): ``warps`` warps, warp w owning keys 16 w .. 16 w + 15 of the
+    ``block_n = 16 warps`` key tile (K, V in shared memory; dK, dV accumulators in registers:
+    head_dim / 2 floats each per lane); query tiles of ``block_m`` rows (Q, dO, lse, delta in
+    shared memory). Per tile: S^T = K Q^T and dP^T = V dO^T (mma, B operands by ldmatrix),
+    P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q (A from registers, B by
+    ldmatrix.trans); atomic dQ: dS^T to shared memory, then warp w computes dQ rows
+    16 (w mod block_m / 16) .. + 15, head_dim / (warps / (block_m / 16)) columns of them.
+    Grid ``(ceil(Sk / block_n), B * Hq)``, ``32 warps`` threads.
+    """
+    D = head_dim
+    W0, _, M0 = mma_layout(D)
+    WARPS = warps or W0
+    BN, BM = 16 * WARPS, block_m or M0
+    assert not block_n or block_n == BN, (block_n, BN)
+    NT, DW, KS, NPQ, NPD = 32 * WARPS, D // 2, D // 16, BM // 16, D // 16
+    MQ = BM // 16                     # dQ: m-tiles of a query tile, column parts per m-tile
+    DP = WARPS // MQ
+    DC = D // max(DP, 1)
+    assert D % 16 == 0 and BM % 16 == 0 and WARPS % MQ == 0 and DC % 16 == 0, (D, WARPS, BM)
+    ST_N, PK_N, ACC_N, DQ_N, PA_N = BM // 2, BM // 4, D // 2, DC // 2, BN // 4
+    BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
+    u32, f32 = types.uint32, types.float32
+
+    def kernel(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
+               heads_ratio, scale, scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm):
+        ktile = cuda.blockIdx.x
+        b = cuda.blockIdx.y // q.shape[2]
+        h = cuda.blockIdx.y % q.shape[2]
+        hk = h // heads_ratio
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        k0 = ktile * BN
+        offset = seqlen_k - seqlen_q
+        ks = cuda.shared.array((BN, DW), u32)
+        vs = cuda.shared.array((BN, DW), u32)
+        qs = cuda.shared.array((BM, DW), u32)
+        dos = cuda.shared.array((BM, DW), u32)
+        dst = cuda.shared.array((BN, BM // 2), u32)     # dS^T, for the dQ product
+        ls = cuda.shared.array(BM, f32)
+        dls = cuda.shared.array(BM, f32)
+        st = cuda.local.array(ST_N, f32)
+        dpt = cuda.local.array(ST_N, f32)
+        pkp = cuda.local.array(PK_N, u32)
+        pkd = cuda.local.array(PK_N, u32)
+        dk = cuda.local.array(ACC_N, f32)
+        dv = cuda.local.array(ACC_N, f32)
+        dqa = cuda.local.array(DQ_N, f32)
+        pka = cuda.local.array(PA_N, u32)
+        load_tile(ks, k, b, k0, hk, seqlen_k, tid, NT)
+        load_tile(vs, v, b, k0, hk, seqlen_k, tid, NT)
+        zero(dk, ACC_N)
+        zero(dv, ACC_N)
+        lo, hi = query_rows(k0, min(k0 + BN, seqlen_k), seqlen_q, offset, has_left, has_right,
+                            has_sinks, wl, wr, sinks)
+        for qt in range(lo // BM, (hi + BM - 1) // BM if hi > lo else 0):
+            r0 = qt * BM
+            skip, full = tile_kind(KIND, mk_mm, ktile, r0, BM, k0, BN, seqlen_q, seqlen_k,
+                                   has_left, has_right, has_sinks, wl, wr, sinks)
+            if skip:
+                continue
+            cuda.syncthreads()      # every warp is done with the previous tile (and dS^T)
+            load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, b, h, r0, seqlen_q, tid, NT)
+            cuda.syncthreads()
+            mma_abt(st, BF16, ks, 16 * warp, qs, NPQ, KS, lane)         # S^T = K Q^T
+            mma_abt(dpt, BF16, vs, 16 * warp, dos, NPQ, KS, lane)       # dP^T = V dO^T
+            probs_grads(st, dpt, pkp, pkd, 2 * NPQ, lane, True, 16 * warp, r0, k0, ls, dls,
+                        scale_log2, cap_in, cap_log2, has_softcap, BF16, full, seqlen_q,
+                        seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks, KIND, mk_iv)
+            mma_pb(dv, BF16, pkp, dos, NPQ, NPD, 0, lane)               # dV += P^T dO
+            mma_pb(dk, BF16, pkd, qs, NPQ, NPD, 0, lane)                # dK += dS^T Q
+            if ATOMIC:
+                store_packed(dst, 16 * warp, pkd, 2 * NPQ, lane)
+                cuda.syncthreads()
+                mq = warp % MQ
+                zero(dqa, DQ_N)
+                transposed_fragments(pka, dst, 8 * mq, BN // 16, lane)
+                mma_pb(dqa, BF16, pka, ks, BN // 16, DC // 16, (warp // MQ) * DC // 2, lane)
+                store_fragments(dq_acc, b, r0 + 16 * mq, h, dqa, scale, seqlen_q,
+                                (warp // MQ) * DC, DC // 8, lane, True)
+        store_fragments(dk_acc, b, k0 + 16 * warp, h, dk, scale, seqlen_k, 0, D // 8, lane, False)
+        store_fragments(dv_acc, b, k0 + 16 * warp, h, dv, np.float32(1.0), seqlen_k, 0, D // 8,
+                        lane, False)
+
+    return jit_kernel(kernel, ("bwd_mma_dkdv", D, BF16, has_left, has_right, has_sinks,
+                               has_softcap, ATOMIC, KIND, WARPS, BM))
+
+
+def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
+                       has_sinks: bool, has_softcap: bool, mask_kind: int = NONE,
+                       warps: int = 0, block_m: int = 0, block_n: int = 0):
+    """Row-parallel dQ kernel on tensor cores (deterministic mode), float16 / bfloat16.
+
+    Kernel ``(q, k, v, dout, lse, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
+    scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv, mk_mm)``: arrays as
+    in ``make_mma_dkdv_kernel``; dq_acc float32 (B, Sq, Hq, D) written; mk_mm the min/max of
+    ``block_n``-key tiles.
+
+    Geometry: the dual of the dK / dV kernel: warp w owns query rows 16 w .. 16 w + 15 of the
+    ``block_m = 16 warps`` row tile (Q, dO, lse, delta in shared memory, dQ in registers), key
+    tiles of ``block_n`` keys (K, V in shared memory). Per tile: S = Q K^T, dP = dO V^T, P and dS
+    in registers, dQ += dS K. Grid ``(ceil(Sq / block_m), B * Hq)``, ``32 warps`` threads.
+    """
+    D = head_dim
+    W0, _, N0 = mma_layout(D)
+    WARPS = warps or W0
+    BM, BN = 16 * WARPS, block_n or N0
+    assert not block_m or block_m == BM, (block_m, BM)
+    NT, DW, KS, NPK, NPD = 32 * WARPS, D // 2, D // 16, BN // 16, D // 16
+    assert D % 16 == 0 and BN % 16 == 0, (D, BN)
+    S_N, PK_N, ACC_N = BN // 2, BN // 4, D // 2
+    BF16, KIND = bool(is_bf16), int(mask_kind)
+    u32, f32 = types.uint32, types.float32
+
+    def kernel(q, k, v, dout, lse, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
+               scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm):
+        qtile = cuda.blockIdx.x
+        b = cuda.blockIdx.y // q.shape[2]
+        h = cuda.blockIdx.y % q.shape[2]
+        hk = h // heads_ratio
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        r0 = qtile * BM
+        r1 = min(r0 + BM, seqlen_q)
+        offset = seqlen_k - seqlen_q
+        qs = cuda.shared.array((BM, DW), u32)
+        dos = cuda.shared.array((BM, DW), u32)
+        ks = cuda.shared.array((BN, DW), u32)
+        vs = cuda.shared.array((BN, DW), u32)
+        ls = cuda.shared.array(BM, f32)
+        dls = cuda.shared.array(BM, f32)
+        s = cuda.local.array(S_N, f32)
+        dp = cuda.local.array(S_N, f32)
+        pkp = cuda.local.array(PK_N, u32)
+        pkd = cuda.local.array(PK_N, u32)
+        dq = cuda.local.array(ACC_N, f32)
+        load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, b, h, r0, seqlen_q, tid, NT)
+        zero(dq, ACC_N)
+        tile_lo, tile_hi, tile, last, sink_tiles = key_tiles(
+            r0 + offset, r1 - 1 + offset, seqlen_k, BN, has_left, has_right, has_sinks, wl, wr,
+            sinks)
+        while tile <= last:
+            k0 = tile * BN
+            skip, full = tile_kind(KIND, mk_mm, tile, r0, BM, k0, BN, seqlen_q, seqlen_k,
+                                   has_left, has_right, has_sinks, wl, wr, sinks)
+            if not skip:
+                cuda.syncthreads()      # every warp is done with the previous K, V tiles
+                load_tile(ks, k, b, k0, hk, seqlen_k, tid, NT)
+                load_tile(vs, v, b, k0, hk, seqlen_k, tid, NT)
+                cuda.syncthreads()
+                mma_abt(s, BF16, qs, 16 * warp, ks, NPK, KS, lane)      # S = Q K^T
+                mma_abt(dp, BF16, dos, 16 * warp, vs, NPK, KS, lane)    # dP = dO V^T
+                probs_grads(s, dp, pkp, pkd, 2 * NPK, lane, False, 16 * warp, r0, k0, ls, dls,
+                            scale_log2, cap_in, cap_log2, has_softcap, BF16, full, seqlen_q,
+                            seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks, KIND, mk_iv)
+                mma_pb(dq, BF16, pkd, ks, NPK, NPD, 0, lane)            # dQ += dS K
+            tile += 1
+            if has_sinks and tile >= sink_tiles and tile < tile_lo:
+                tile = tile_lo
+        store_fragments(dq_acc, b, r0 + 16 * warp, h, dq, scale, seqlen_q, 0, D // 8, lane, False)
+
+    return jit_kernel(kernel, ("bwd_mma_dq", D, BF16, has_left, has_right, has_sinks,
+                               has_softcap, KIND, WARPS, BN))

@@ -1,0 +1,164 @@
+"""The GPU backward kernels (numba_flash.cuda.backward) against a dense float64 gradient.
+
+Without a GPU these run in Numba's CUDA simulator on NumPy inputs: tiny shapes, small tiles
+(``tiles=`` overrides the geometry), each code path once. Larger sweeps are marked ``gpu``.
+
+Error rules: float32 within 1e-5 and float64 within 1e-10 of the float64 gradient (relative to
+its largest element); float16 / bfloat16 at most 2x the error of the same dense computation
+with its intermediates rounded to the input dtype, plus a tiny atol (flash-attn's rule).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from numba_flash.cuda.backward_launch import backward_cuda
+from numba_flash_reference import masks as M
+from numba_flash_reference.masks import visible_matrix
+
+from gpu_arrays import BF16, gpu, to_device, to_host
+
+DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32),
+          "float64": np.dtype(np.float64)}
+ATOL = {"float16": 1e-4, "bfloat16": 5e-4}
+RTOL = {"float32": 1e-5, "float64": 1e-10}
+# A float32 lse bounds float64 gradients to ~1e-7 relative: the float64 path takes a float64 lse.
+LSE_DTYPE = {"float64": np.float64}
+
+
+def dense_grads(q, k, v, dout, scale, visible, softcap=None, rnd=lambda x: x):
+    """out, lse, dq, dk, dv of dense attention in float64; ``rnd`` rounds each intermediate
+    (scores, P, dP, dS, outputs) to a working precision for the naive same-dtype error."""
+    q, k, v, dout = (x.astype(np.float64) for x in (q, k, v, dout))
+    ratio = q.shape[2] // k.shape[2]
+    kk, vv = np.repeat(k, ratio, axis=2), np.repeat(v, ratio, axis=2)
+    s = rnd(np.einsum("bqhd,bkhd->bhqk", q, kk) * scale)
+    t = np.tanh(s / softcap) if softcap else None
+    if softcap:
+        s = rnd(softcap * t)
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    l = e.sum(axis=-1, keepdims=True)
+    p = rnd(np.divide(e, l, out=np.zeros_like(e), where=l > 0))
+    out = rnd(np.einsum("bhqk,bkhd->bqhd", p, vv))
+    seen = l[..., 0] > 0
+    lse = np.where(seen, m[..., 0] + np.log(np.where(seen, l[..., 0], 1.0)), -np.inf)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, dout)
+    dp = rnd(np.einsum("bqhd,bkhd->bhqk", dout, vv))
+    delta = np.einsum("bqhd,bqhd->bhq", dout, out)[..., None]
+    ds = rnd(p * (dp - delta) * ((1 - t * t) if softcap else 1))
+    dq = scale * np.einsum("bhqk,bkhd->bqhd", ds, kk)
+    dk = scale * np.einsum("bhqk,bqhd->bkhd", ds, q)
+    dk, dv = (x.reshape(x.shape[:2] + (k.shape[2], ratio, x.shape[3])).sum(axis=3)
+              for x in (dk, dv))
+    return out, lse, rnd(dq), rnd(dk), rnd(dv)
+
+
+def _random(rng, shape, dtype_name):
+    return rng.standard_normal(shape).astype(DTYPES[dtype_name])
+
+
+def run_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal=False, window=(-1, -1), sinks=0,
+             softcap=None, mask=None, deterministic=False, tiles=None):
+    """Run backward_cuda on random inputs (NaN-poisoned preallocated outputs) and check the
+    error rule; returns the host gradients."""
+    dt = DTYPES[dtype_name]
+    q, dout = _random(rng, (b, sq, hq, d), dtype_name), _random(rng, (b, sq, hq, d), dtype_name)
+    k, v = _random(rng, (b, sk, hkv, d), dtype_name), _random(rng, (b, sk, hkv, d), dtype_name)
+    scale = d ** -0.5
+    vis = visible_matrix(sq, sk, causal=causal, window_size=window, sinks=sinks, mask=mask)
+    out, lse, *ref = dense_grads(q, k, v, dout, scale, vis, softcap)
+    outs = [to_device(np.full(x.shape, np.nan, dt)) for x in (q, k, v)]
+    lse = lse.astype(LSE_DTYPE.get(dtype_name, np.float32))
+    got = backward_cuda(*(to_device(x) for x in (dout, q, k, v, out.astype(dt), lse)),
+                        softmax_scale=scale, causal=causal,
+                        window_size=window, sinks=sinks, softcap=softcap, mask=mask,
+                        deterministic=deterministic, dq=outs[0], dk=outs[1], dv=outs[2],
+                        tiles=tiles)
+    got = [to_host(x).astype(np.float64) for x in got]
+    if dtype_name in RTOL:
+        for name, g, r in zip("qkv", got, ref):
+            err = np.abs(g - r).max()
+            assert err <= RTOL[dtype_name] * max(1.0, np.abs(r).max()), (f"d{name}", err)
+    else:
+        work = np.float32
+        rnd = lambda x: x.astype(dt).astype(work).astype(np.float64)  # noqa: E731
+        naive = dense_grads(q, k, v, dout, scale, vis, softcap, rnd)[2:]
+        for name, g, r, n in zip("qkv", got, ref, naive):
+            err, naive_err = np.abs(g - r).max(), np.abs(n - r).max()
+            assert err <= 2 * naive_err + ATOL[dtype_name], (f"d{name}", err, naive_err)
+    return got
+
+
+# Simulator-sized cases: (dtype, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap)
+FMA_TILES = (2, 32, 16)        # 2 lanes per key / row, 32 owned, 16 streamed: 64 threads
+FMA_CASES = [
+    ("float32", 1, 17, 23, 2, 1, 16, False, (-1, -1), 0, None),     # GQA 2, odd sizes
+    ("float64", 1, 23, 17, 1, 1, 16, True, (-1, -1), 0, None),      # causal, Sq > Sk
+    ("float32", 1, 17, 40, 1, 1, 16, True, (-1, -1), 0, 2.0),       # 2 key tiles, softcap
+    ("float64", 1, 40, 37, 1, 1, 16, False, (5, 2), 3, None),       # window + sinks
+]
+
+
+@pytest.mark.parametrize("case", FMA_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_fma_against_dense(case):
+    dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap = case
+    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    run_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap,
+             tiles=FMA_TILES)
+
+
+MMA_TILES = (1, 16, 16)        # 1 warp owning 16 keys / rows, 16-row / -key streamed tiles
+MMA_CASES = [
+    ("float16", 1, 17, 23, 2, 1, 16, False, (-1, -1), 0, None, False),   # GQA 2, odd sizes
+    ("bfloat16", 1, 23, 17, 1, 1, 32, True, (-1, -1), 0, 3.0, False),    # causal, softcap
+    ("float16", 1, 17, 40, 1, 1, 16, False, (5, 2), 3, None, True),      # window + sinks, det.
+]
+
+
+@pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_mma_against_dense(case):
+    dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap, det = case
+    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    run_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap,
+             deterministic=det, tiles=MMA_TILES)
+
+
+# (dtype, tiles, deterministic, mask, causal, n): each reaches skipped, fully visible and
+# partial (query tile, key tile) pairs of the kernels it runs.
+INTERVAL_CASES = [
+    ("float32", (2, 32, 8), False, M.CausalDocumentMask([9, 14, 17]), False, 40),
+    ("float64", (2, 32, 16), True, M.DocumentMask([24, 40]), False, 64),
+    ("bfloat16", (1, 16, 16), True, M.DocumentMask([16, 32]), True, 48),
+]
+
+
+@pytest.mark.parametrize("case", INTERVAL_CASES, ids=lambda c: f"{c[0]}-{c[3]!r}-{c[4]}")
+def test_intervals_mask(case):
+    """FlashMask column intervals, alone and intersected with the causal flag."""
+    dtype_name, tiles, det, mask, causal, n = case
+    rng = np.random.default_rng(5)
+    run_case(rng, dtype_name, 1, n, n, 1, 1, 16, causal, mask=mask, deterministic=det,
+             tiles=tiles)
+
+
+@pytest.mark.parametrize("dtype_name,tiles", [("float32", FMA_TILES), ("float16", MMA_TILES)])
+def test_deterministic_bitwise(dtype_name, tiles):
+    kw = dict(window=(6, -1), sinks=2, deterministic=True, tiles=tiles)
+    a = run_case(np.random.default_rng(6), dtype_name, 1, 17, 23, 2, 1, 16, True, **kw)
+    b = run_case(np.random.default_rng(6), dtype_name, 1, 17, 23, 2, 1, 16, True, **kw)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal,window,sinks,softcap,det", [
+    (False, (-1, -1), 0, None, False), (True, (-1, -1), 0, None, True),
+    (False, (100, 30), 4, None, False), (True, (-1, -1), 0, 5.0, False)])
+def test_gpu_sweep(dtype_name, d, causal, window, sinks, softcap, det):
+    rng = np.random.default_rng(d)
+    run_case(rng, dtype_name, 2, 257, 300, 4, 2, d, causal, window, sinks, softcap,
+             deterministic=det)
