@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from numba_flash.cuda.backward_launch import backward_cuda
+from numba_flash.cuda.launch.backward import backward_kernels as backward_cuda
+from numba_flash.cuda.primitives import SIMULATOR
 from numba_flash_reference import masks as M
 from numba_flash_reference.masks import visible_matrix
 
@@ -162,3 +163,22 @@ def test_gpu_sweep(dtype_name, d, causal, window, sinks, softcap, det):
     rng = np.random.default_rng(d)
     run_case(rng, dtype_name, 2, 257, 300, 4, 2, d, causal, window, sinks, softcap,
              deterministic=det)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="NumPy arrays reach the kernels only in the simulator")
+def test_public_door_runs_the_kernels():
+    """numba_flash.attention_backward(backend='cuda') reaches the kernels (simulator: NumPy
+    arrays) and agrees with CPU mode; options the kernels lack raise NotImplementedError."""
+    import numba_flash
+
+    rng = np.random.default_rng(5)
+    q, dout = (rng.standard_normal((1, 17, 2, 16)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((1, 23, 1, 16)).astype(np.float32) for _ in range(2))
+    out, lse = numba_flash.attention(q, k, v, causal=True, return_lse=True)
+    kernel = numba_flash.attention_backward(dout, q, k, v, out, lse, causal=True, backend="cuda")
+    exact = numba_flash.attention_backward(dout, q, k, v, out, lse, causal=True, backend="cpu")
+    for a, b in zip(kernel, exact):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        numba_flash.attention_backward(dout, q, k, v, out, lse, causal=True, backend="cuda",
+                                       alibi_slopes=np.ones(2, np.float32))

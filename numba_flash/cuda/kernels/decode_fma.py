@@ -315,10 +315,10 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
                     o0 += sm_acc[t, e0] * wt
                     o1 += sm_acc[t, e0 + 1] * wt
                 inv = np.float32(0.0)
-                if tot > 0:
+                if tot != 0:
                     inv = np.float32(1.0) / tot
                 lse_val = np.float32(NEG_INF)
-                if tot > 0:
+                if tot != 0:
                     lse_val = (mx + math.log2(tot)) * np.float32(LN2)
                 if direct:
                     out[b, s, h, w] = pack(o0 * inv, o1 * inv)

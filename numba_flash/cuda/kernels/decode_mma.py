@@ -508,10 +508,10 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
         inv1 = np.float32(0.0)
         lse0 = np.float32(NEG_INF)
         lse1 = np.float32(NEG_INF)
-        if l0 > 0:
+        if l0 != 0:
             inv0 = np.float32(1.0) / l0
             lse0 = (m0 + math.log2(l0)) * np.float32(LN2)
-        if l1 > 0:
+        if l1 != 0:
             inv1 = np.float32(1.0) / l1
             lse1 = (m1 + math.log2(l1)) * np.float32(LN2)
         if live0:
@@ -703,7 +703,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                         # only those with the remaining j bits clear write.
                         if live and (j >> ls) == 0:
                             inv = np.float32(0.0)
-                            if tot > 0:
+                            if tot != 0:
                                 inv = np.float32(1.0) / tot
                             w0 = (off >> 1) * 4 + t
                             if ls == 3:
@@ -723,7 +723,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                                     out[b, sq, hh, w0 + q * 4] = pack16(
                                         BF16, macc[2 * q] * inv, macc[2 * q + 1] * inv)
                             if write_lse and j == 0 and t == 0:
-                                lse[b, hh, sq] = mu + math.log(tot) if tot > 0 else NEG_INF
+                                lse[b, hh, sq] = mu + math.log(tot) if tot != 0 else NEG_INF
                 if lane == 0:
                     counters[cidx] = 0
 

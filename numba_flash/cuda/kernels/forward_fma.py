@@ -356,13 +356,13 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
             row = qtile * BM + gi + r * G
             if row < seqlen_q:
                 inv = npdt(0.0)
-                if l > 0:
+                if l != 0:
                     inv = npdt(1.0) / l
                 for c in range(NC):
                     for i in range(CH):
                         out[ab, q_off + row, h, (c * TPR + part) * CH + i] = acc[r * E + c * CH + i] * inv
                 if write_lse and part == 0:
-                    lse[ab, h, q_off + row] = mrow[r] + math.log(l) if l > 0 else NEG_INF
+                    lse[ab, h, q_off + row] = mrow[r] + math.log(l) if l != 0 else NEG_INF
 
     return jit_kernel(kernel, ("fma", D, bool(is_f64), has_left, has_right, has_sinks, has_softcap,
                          write_lse, BN, KIND, VARLEN, ALIBI, SCORE_MOD),

@@ -583,7 +583,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 l += shfl_xor(l, 1)
                 l += shfl_xor(l, 2)
                 inv = np.float32(0.0)
-                if l > 0:
+                if l != 0:
                     inv = np.float32(1.0) / l
                 if row < seqlen_q:
                     for dn in range(ND):
@@ -592,7 +592,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                                                                      acc[o + 1] * inv)
                     if write_lse and t == 0:
                         lse[ab, h, q_off + row] = ((m_run[2 * mt + half] + math.log2(l)) * LN2
-                                                   if l > 0 else NEG_INF)
+                                                   if l != 0 else NEG_INF)
 
     return jit_kernel(kernel, ("mma", D, BF16, has_left, has_right, has_sinks, has_softcap, write_lse,
                          BN, KIND, VARLEN, ALIBI, MT, WG, SCORE_MOD),

@@ -66,14 +66,14 @@ def make_merge_kernel(out_mode: int, write_lse: bool):
                 if pair:
                     o1 += wt * o_part[i, b, s, h, d + 1]
         inv = np.float32(0.0)
-        if tot > 0:
+        if tot != 0:
             inv = np.float32(1.0) / tot
         if pair:
             out[b, s, h, w] = pack(o0 * inv, o1 * inv)
         else:
             out[b, s, h, w] = o0 * inv
         if write_lse and w == 0:
-            lse[b, h, s] = mu + math.log(tot) if tot > 0 else NEG_INF
+            lse[b, h, s] = mu + math.log(tot) if tot != 0 else NEG_INF
 
     return jit_kernel(kernel, ("merge", out_mode, write_lse))
 

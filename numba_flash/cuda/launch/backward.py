@@ -1,0 +1,220 @@
+"""The backward's runtime: ``backward_cuda`` (numba_flash.attention_backward's GPU door) and
+``backward_kernels`` (the kernels of kernels/backward.py on the caller's arrays: outputs, fp32 /
+fp64 workspaces, kernel cache). The kernels launch through Numba's dispatcher on device-array
+wrappers of the caller's memory (no copies); driver-API plans as for the forward are future
+work (docs/backward.md, "Status").
+
+Order of the launches on one stream:
+
+1. preprocess: delta = rowsum(dO * O) (B, Hq, Sq) in the accumulator dtype;
+2. dK / dV kernel (column-parallel); unless ``deterministic`` it also adds dQ by atomics into a
+   zeroed accumulator (B, Sq, Hq, D);
+3. ``deterministic``: the row-parallel dQ kernel writes the dQ accumulator (no atomics);
+4. reduce kernels: dQ accumulator -> q's dtype; per-query-head dK / dV partials summed over each
+   GQA group (fixed order) -> k's dtype. Float32 / float64 inputs with Hq == Hkv skip the dK /
+   dV reduction (the kernel writes the outputs directly).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from numba_flash_reference.intervals import NotRepresentableError
+
+from ..kernels import backward as bw
+from ..kernels.masking import INTERVALS, NONE
+from ..kernels.tile_classes import tile_minmax
+from ..primitives import SIMULATOR
+from .arrays import array_kind, dtype_name as array_dtype, empty_like_kind, kernel_array
+from .attention import window_flags
+from .maskplan import dummy_arrays
+from .streams import numba_stream
+
+__all__ = ["backward_cuda", "backward_kernels", "backward_geometry"]
+
+_HALF = {"float16": False, "bfloat16": True}
+_FULL = {"float32": False, "float64": True}
+_KERNELS: dict = {}
+
+
+def _cached(key, build):
+    kern = _KERNELS.get(key)
+    if kern is None:
+        kern = _KERNELS[key] = build()
+    return kern
+
+
+def backward_geometry(dtype_name: str, head_dim: int, tiles=None) -> dict:
+    """Launch geometry of the dK / dV and dQ kernels for one dtype and head_dim: threads per
+    block, owned rows per block, streamed tile rows (``tiles``: an override (a, b, c) = (lanes,
+    owned, streamed) for the CUDA-core path or (warps, block_n, block_m) for tensor cores)."""
+    if dtype_name in _HALF:
+        warps, bn, bm = tiles or bw.mma_layout(head_dim)
+        return dict(path="mma", threads=32 * warps, block_n=bn, block_m=bm, warps=warps)
+    itemsize = 8 if _FULL[dtype_name] else 4
+    lanes, own, streamed = tiles or bw.fma_layout(head_dim, itemsize)
+    return dict(path="fma", threads=lanes * own, block_n=own, block_m=streamed, lanes=lanes)
+
+
+def _zeros(kind, shape, dtype, stream):
+    if kind == "numpy":
+        return np.zeros(shape, dtype)
+    arr = cuda.device_array(shape, dtype=dtype, stream=stream)
+    if arr.size:
+        cuda.driver.device_memset(arr, 0, arr.nbytes, stream=stream)
+    return arr
+
+
+def _empty(kind, shape, dtype, stream):
+    if kind == "numpy":
+        return np.empty(shape, dtype)
+    return cuda.device_array(shape, dtype=dtype, stream=stream)
+
+
+def _device(x):
+    return x if SIMULATOR else cuda.to_device(np.ascontiguousarray(x))
+
+
+def _mask_arrays(mask, seqlen_q, seqlen_k, block_ns, stream):
+    """(kind, iv, [min/max per key-tile size in block_ns]) of a column-interval mask."""
+    d = dummy_arrays()
+    if mask is None:
+        return NONE, d.iv, [d.mm for _ in block_ns]
+    iv = _device(mask.column_intervals(seqlen_q, seqlen_k).stacked().astype(np.int32))
+    return INTERVALS, iv, [tile_minmax(iv, seqlen_q, bn, stream) for bn in block_ns]
+
+
+def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(-1, -1),
+                  sinks=0, softcap=None, deterministic=False, mask=None, stream=None, dq=None,
+                  dk=None, dv=None, tiles=None):
+    """Gradients (dq, dk, dv) of FlashAttention from the forward's out and lse.
+
+    q, out, dout: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); one dtype among float16, bfloat16
+    (tensor cores, fp32 accumulation), float32, float64 (exact CUDA-core paths); head_dim
+    contiguous, a multiple of 16. lse: (B, Hq, Sq), natural log, -inf for rows that see no key
+    (the forward's): float32, or float64 for float64 inputs (a float32 lse limits float64
+    gradients to ~1e-7 relative; the forward's FMA kernel writes a float64 lse array as is).
+    Flags as in ``attention_cuda``; ``mask``: a mask object with
+    column intervals (FlashMask), or None. ``deterministic``: dQ by a row-parallel kernel
+    instead of atomics, so results are bitwise reproducible. dq, dk, dv: optional preallocated
+    outputs (same shapes / dtypes as q, k, v). ``tiles``: a geometry override (tests; see
+    ``backward_geometry``). Launches on ``stream`` (or the caller's current one) and returns
+    without synchronising.
+    """
+    kind = array_kind(q)
+    names = {array_dtype(x) for x in (q, k, v, out, dout)}
+    if len(names) != 1:
+        raise TypeError(f"q, k, v, out, dout must share one dtype, got {sorted(names)}")
+    dtype_name = names.pop()
+    half = dtype_name in _HALF
+    if not half and dtype_name not in _FULL:
+        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype_name}")
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    _, seqlen_k, heads_kv, _ = k.shape
+    if head_dim % 16 or heads_q % heads_kv:
+        raise ValueError(f"head_dim must be a multiple of 16 and heads_q a multiple of heads_kv, "
+                         f"got head_dim {head_dim}, heads {heads_q} / {heads_kv}")
+    left, right, has_left, has_right, has_sinks, has_softcap = window_flags(
+        causal, window_size, sinks, softcap)
+    flags = (has_left, has_right, has_sinks, has_softcap)
+    ratio = heads_q // heads_kv
+    launch_stream = numba_stream(stream, kind, q)
+    is_f64 = not half and _FULL[dtype_name]
+    acc_dt = np.float64 if is_f64 else np.float32
+    for name, arr, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if arr is not None and tuple(arr.shape) != tuple(like.shape):
+            raise ValueError(f"{name} must have shape {tuple(like.shape)}, got {tuple(arr.shape)}")
+    dq = empty_like_kind(kind, q, q.shape, dtype_name) if dq is None else dq
+    dk = empty_like_kind(kind, k, k.shape, dtype_name) if dk is None else dk
+    dv = empty_like_kind(kind, v, v.shape, dtype_name) if dv is None else dv
+    if batch * heads_q * seqlen_q * seqlen_k == 0:
+        for x in (dq, dk, dv):
+            x[...] = 0
+        return dq, dk, dv
+
+    geo = backward_geometry(dtype_name, head_dim, tiles)
+    bn, bm, threads = geo["block_n"], geo["block_m"], geo["threads"]
+    mask_kind, iv, (mm_kv, mm_q) = _mask_arrays(mask, seqlen_q, seqlen_k, (bn, bm), launch_stream)
+    wrap = lambda x: kernel_array(x, kind, half)           # noqa: E731
+    kq, kk, kv, ko, kdo = (wrap(x) for x in (q, k, v, out, dout))
+    klse = kernel_array(lse, kind, False)
+    scale = float(softmax_scale)
+    cap = float(softcap) if has_softcap else 1.0
+
+    delta = _empty(kind, (batch, heads_q, seqlen_q), acc_dt, launch_stream)
+    pre = _cached(("pre", half, _HALF.get(dtype_name, False), is_f64),
+                  lambda: bw.make_preprocess_kernel(half, _HALF.get(dtype_name, False), is_f64))
+    pre[((seqlen_q + bw.PRE_THREADS - 1) // bw.PRE_THREADS, batch * heads_q), bw.PRE_THREADS,
+        launch_stream](ko, kdo, delta)
+
+    dq_acc = (_empty if deterministic else _zeros)(kind, q.shape, acc_dt, launch_stream)
+    direct = not half and ratio == 1
+    if direct:
+        dk_acc, dv_acc = (kernel_array(x, kind, False) for x in (dk, dv))
+    else:
+        part_shape = (batch, seqlen_k, heads_q, head_dim)
+        dk_acc, dv_acc = (_empty(kind, part_shape, acc_dt, launch_stream) for _ in range(2))
+    common = (seqlen_q, seqlen_k, ratio)
+    windows = (left, right, int(sinks))
+    if half:
+        fdt = np.float32
+        scalars = (fdt(scale), fdt(scale * bw.LOG2E), fdt(scale / cap), fdt(cap * bw.LOG2E))
+        key = (head_dim, _HALF[dtype_name]) + flags + (mask_kind, geo["warps"], bn, bm)
+        dkdv = _cached(("mma_dkdv", not deterministic) + key,
+                       lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic, *key[6:]))
+        dqk = _cached(("mma_dq",) + key, lambda: bw.make_mma_dq_kernel(*key)) \
+            if deterministic else None
+    else:
+        fdt = acc_dt
+        scalars = (fdt(scale), fdt(scale / cap), fdt(cap))
+        key = (head_dim, is_f64) + flags
+        geo_args = (mask_kind, geo["lanes"], bn, bm)
+        dkdv = _cached(("fma_dkdv", not deterministic) + key + geo_args,
+                       lambda: bw.make_fma_dkdv_kernel(*key, not deterministic, *geo_args))
+        dqk = _cached(("fma_dq",) + key + geo_args,
+                      lambda: bw.make_fma_dq_kernel(*key, *geo_args)) if deterministic else None
+    n_k, n_q = (seqlen_k + bn - 1) // bn, (seqlen_q + bn - 1) // bn
+    dkdv[(n_k, batch * heads_q), threads, launch_stream](
+        kq, kk, kv, kdo, klse, delta, dq_acc, dk_acc, dv_acc, *common, *scalars, *windows, iv,
+        mm_kv)
+    if deterministic:
+        dqk[(n_q, batch * heads_q), threads, launch_stream](
+            kq, kk, kv, kdo, klse, delta, dq_acc, *common, *scalars, *windows, iv, mm_q)
+
+    reduce = _cached(("reduce", half, _HALF.get(dtype_name, False)),
+                     lambda: bw.make_reduce_kernel(half, _HALF.get(dtype_name, False)))
+
+    def _reduce(acc, dst, group):
+        target = wrap(dst)
+        n = int(np.prod(target.shape))
+        reduce[(n + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS, bw.REDUCE_THREADS,
+               launch_stream](acc, target, group)
+
+    _reduce(dq_acc, dq, 1)
+    if not direct:
+        _reduce(dk_acc, dk, ratio)
+        _reduce(dv_acc, dv, ratio)
+    return dq, dk, dv
+
+
+def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic=False, stream=None):
+    """numba_flash.attention_backward on GPU arrays: ``problem`` is the validated call
+    (validation.Problem). The kernels take the flags (causal, window, sinks, softcap), GQA and
+    FlashMask column-interval masks; ALiBi, packed batches (cu_seqlens) and masks without
+    column intervals (bitmask, mask_mod) raise NotImplementedError naming the option."""
+    for name, value in (("alibi_slopes", problem.alibi_slopes), ("cu_seqlens", problem.varlen)):
+        if value is not None:
+            raise NotImplementedError(f"attention_backward on the GPU does not support {name} "
+                                      f"yet; NumPy arrays run it in CPU mode")
+    mask = problem.mask
+    if mask is not None:
+        try:
+            mask.column_intervals(problem.seqlen_q, problem.seqlen_k)
+        except NotRepresentableError as exc:
+            raise NotImplementedError(f"attention_backward on the GPU takes masks with column "
+                                      f"intervals only, got {mask!r} ({exc}); NumPy arrays run "
+                                      f"it in CPU mode") from exc
+    return backward_kernels(dout, q, k, v, out, lse, softmax_scale=problem.softmax_scale,
+                            causal=problem.causal, window_size=problem.window_size,
+                            sinks=problem.sinks, softcap=problem.softcap,
+                            deterministic=deterministic, mask=mask, stream=stream)
