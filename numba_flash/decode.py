@@ -20,6 +20,7 @@ from numba_flash_reference.attention import check_softmax_scale
 from numba_flash_reference.masks import TreeMask
 
 from .arrays import describe_all, int32_indices, to_host
+from .cpu import lse_dtype
 from .validation import check_bool, check_dtypes, check_options, resolve_backend
 
 __all__ = ["decode", "decode_cpu", "gather_cache"]
@@ -116,7 +117,7 @@ def decode_cpu(q, k_cache, v_cache, cache_seqlens, block_table, *, softmax_scale
         out64[b] = o[0]
         lse64[b] = l[0]
     out = round_to(out64, q.dtype).astype(q.dtype)
-    return (out, lse64.astype(np.float32)) if return_lse else out
+    return (out, lse64.astype(lse_dtype(q.dtype))) if return_lse else out
 
 
 def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax_scale=None,
@@ -162,8 +163,19 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
     Returns
     -------
     out : (batch, seqlen_q, heads_q, head_dim), q's kind and dtype
-    lse : float32 (batch, heads_q, seqlen_q), natural log, with ``return_lse=True``
+    lse : float32 (batch, heads_q, seqlen_q) (float64 for float64 inputs), natural log, with
+        ``return_lse=True``
     """
+    fast = _FAST[0]
+    signature = None
+    if fast is not None and backend != "cpu" and not check_inputs and check_indices is None:
+        # Same signature as an earlier GPU call on this stream: its plan, without validating
+        # again (validation depends on nothing else; index values are never read on the GPU).
+        result, signature = fast(q, k_cache, v_cache, cache_seqlens, block_table,
+                                 (softmax_scale, causal, window_size, sinks, mask, softcap,
+                                  num_splits, return_lse, backend), (mask,), stream)
+        if result is not None:
+            return result
     arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache)
     if cache_seqlens is not None:
         arrays["cache_seqlens"] = cache_seqlens
@@ -199,11 +211,18 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
                 mask._check_sizes(geometry.seqlen_q, n)
         return decode_cpu(q, k_cache, v_cache, np.asarray(cache_seqlens), block_table,
                           mask=mask, **options)
-    from .cuda.launch.decode import decode_cuda
+    from .cuda.launch import decode as runtime
 
-    return decode_cuda(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
-                       tree_parents=tree.parents if tree is not None else None,
-                       num_splits=num_splits, stream=stream, **options)
+    _FAST[0] = runtime.decode_fast
+    return runtime.decode_cuda(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                               block_table=block_table,
+                               tree_parents=tree.parents if tree is not None else None,
+                               num_splits=num_splits, stream=stream, fast=signature, **options)
+
+
+# The runtime's repeated-call path (numba_flash.cuda.launch.decode.decode_fast), set by the first
+# GPU call: until then no call can repeat.
+_FAST = [None]
 
 
 class _Geometry(NamedTuple):

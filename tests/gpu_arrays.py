@@ -3,6 +3,8 @@ CUDA simulator; CuPy on a GPU, PyTorch tensors for bfloat16) and NaN-poisoning e
 launchers allocate, so that an element a kernel forgets to write fails the test."""
 from __future__ import annotations
 
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -61,3 +63,4 @@ def poison_outputs(monkeypatch):
     for module in (_attention, _decode, _merge):
         monkeypatch.setattr(module, "empty_like_kind", poisoned)
     monkeypatch.setattr(numba_flash.api, "_FAST", [None])
+    monkeypatch.setattr(sys.modules["numba_flash.decode"], "_FAST", [None])

@@ -595,3 +595,25 @@ def test_gpu_plans_with_different_pads_share_a_kernel():
     rng = np.random.default_rng(37)
     for splits in (16, 20, 16, 20, 1, 16):
         check_decode(rng, "float16", 1, 1, 32, 32, 128, 2048, [2048], num_splits=splits)
+
+
+@pytest.mark.parametrize("kernel", ["mma", "fma"])
+def test_poisoned_indices_stay_in_bounds(monkeypatch, kernel):
+    """GPU cache_seqlens / block_table are not read back, so the kernels clamp them: lengths
+    past the capacity or negative, pages outside the pool. Nothing outside the arrays is
+    touched (the simulator checks every index; compute-sanitizer on a GPU:
+    scripts/sanitize_case.py), and the sequence with valid indices keeps its exact result."""
+    rng = np.random.default_rng(41)
+    q = rng.standard_normal((3, 1, 2, 32)).astype(np.float16)
+    k, v, table = make_cache(rng, "float16", 3, 32, 1, 32, 8)
+    table[1, 2] = 10_000                       # a page outside the pool
+    table[2, 0] = -7
+    lens = np.array([29, 10_000, -3], np.int32)
+    out, lse = dec.decode_cuda(_dev(q), _dev(k), _dev(v), cache_seqlens=_dev_int(lens, q),
+                               block_table=_dev_int(table, q), softmax_scale=32 ** -0.5,
+                               num_splits=2, return_lse=True, kernel=kernel)
+    out, lse = _host(out), _host(lse)
+    kb, vb = (gather_cache(x, 0, 29, table)[None] for x in (k, v))
+    ref = reference(q[:1], kb, vb, causal=True)
+    assert np.abs(out[:1].astype(np.float64) - ref).max() < 2e-3
+    assert np.isfinite(out.astype(np.float32)).all() and not np.isnan(lse).any()

@@ -136,3 +136,26 @@ def test_cuda_varlen_kernel_matches_reference(option):
     fin = np.isfinite(want_lse)
     assert (np.isneginf(lse) == ~fin).all()
     np.testing.assert_allclose(lse[fin], want_lse[fin], atol=2e-5)
+
+
+def test_cuda_poisoned_offsets_stay_in_bounds():
+    """GPU cu_seqlens are not read back (no synchronisation), so the kernels clamp them:
+    decreasing, negative and past-the-end offsets, and sequences longer than max_seqlen, run
+    without touching memory outside the arrays (the simulator checks every index; on a GPU
+    scripts/sanitize_case.py runs the same under compute-sanitizer). Valid sequences of the
+    same batch keep their exact result."""
+    from gpu_arrays import to_device, to_host
+    from numba_flash.cuda.launch.attention import attention_cuda
+    from numba_flash.varlen import Varlen
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((35, 2, 32)).astype(np.float32) for _ in range(3))
+    bad = np.array([0, 10, 40, 30, -5, 35], np.int32)       # past the end, decreasing, < 0
+    dev = [to_device(x) for x in (q, k, v, bad)]
+    unchecked = Varlen(5, dev[3], dev[3], 12, 12, None, None)  # what GPU arrays get
+    out, lse = attention_cuda(*dev[:3], softmax_scale=32 ** -0.5, causal=True, return_lse=True,
+                              varlen=unchecked)
+    out, lse = to_host(out), to_host(lse)
+    ref = numba_flash.attention(q[:10][None], k[:10][None], v[:10][None], causal=True)[0]
+    np.testing.assert_allclose(out[:10], ref, atol=1e-5)       # sequence 0 is valid
+    assert np.isfinite(out).all() and not np.isnan(lse).any()

@@ -20,6 +20,7 @@ from ..primitives import (SIMULATOR, cp_async16, cp_async4_to, cp_async16_to, cp
                           wgmma_ss, wgmma_wait)
 from .forward_geometry import *  # noqa: F401,F403  (tile geometry)
 from .jitcache import jit_kernel
+from .sequences import packed_sequence
 from .masking import (BITMASK, INTERVALS, LN2, LOG2E, MASK_MOD, NONE, bit_visible, chunk_classes,
                       interval_visible, key_tiles, mask_mod_device, score_mod_device)
 
@@ -96,10 +97,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         k_off = 0
         if VARLEN:
             ab = 0
-            q_off = cu_q[b]
-            k_off = cu_k[b]
-            seqlen_q = int(cu_q[b + 1] - q_off)
-            seqlen_k = int(cu_k[b + 1] - k_off)
+            q_off, seqlen_q = packed_sequence(cu_q, b, q.shape[1], seqlen_q)
+            k_off, seqlen_k = packed_sequence(cu_k, b, k.shape[1], seqlen_k)
             if qtile * BM >= seqlen_q:
                 return
         tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)

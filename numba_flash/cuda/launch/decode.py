@@ -24,10 +24,12 @@ from .attention import window_flags
 from .device import compute_capability, current_device_id, sm_count
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, stream_is_capturing
 from .driver import raise_dynamic_smem_limit
+from .fastpath import (FastCall, current_stream_of, fast_table, geometry_of, geometry_reader,
+                       register_fast)
 from .merge import merge_plan, merge_simulated
 from .streams import raw_stream_handle
 
-__all__ = ["decode_cuda", "auto_num_splits", "auto_num_splits_mma", "mma_tile",
+__all__ = ["decode_cuda", "decode_fast", "auto_num_splits", "auto_num_splits_mma", "mma_tile",
            "tree_row_bits", "GraphCaptureError", "LAST_PLAN"]
 
 MIN_KEYS_PER_SPLIT = 256
@@ -330,7 +332,7 @@ class _Decode:
 def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scale: float,
                 causal=True, window_size=(-1, -1), sinks=0, tree_parents=None, softcap=None,
                 num_splits="auto", return_lse=False, stream=None, kernel="auto", tile=None,
-                stream_hint=None):
+                stream_hint=None, fast=None):
     """Split-KV decode on the GPU (arguments already validated by ``numba_flash.decode``).
 
     q (B, Sq, Hq, D) float16/bfloat16; k_cache, v_cache (B, S_max, Hkv, D) or paged
@@ -340,7 +342,8 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     (B, Sq, Hq, D) in q's dtype, and lse float32 (B, Hq, Sq) with ``return_lse``. Launches on
     ``stream`` or the current stream. For tests and tuning: ``kernel="fma"`` takes the CUDA-core
     kernel at any head_dim, ``tile`` (block_n, stages, warps) overrides the tensor-core tile,
-    ``stream_hint`` forces the evict-first L2 hint on or off.
+    ``stream_hint`` forces the evict-first L2 hint on or off. ``fast``: (signature, guards) from
+    ``decode_fast``'s miss, under which the plan is recorded for repeated calls.
     """
     kind, dtype_name, device, interfaces = gpu_inputs(q, k_cache, v_cache)
     if dtype_name not in ("float16", "bfloat16"):
@@ -370,11 +373,64 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
             _decode_simulated(kind, d, is_bf16, q, k_cache, v_cache, block_table, cache_seqlens,
                               out, lse, device)
         else:
-            _decode_gpu(kind, d, is_bf16, q, k_cache, v_cache, block_table, cache_seqlens, out,
-                        lse, device, raw_stream_handle(stream, kind, q))
+            handle = raw_stream_handle(stream, kind, q)
+            plan = _decode_gpu(kind, d, is_bf16, q, k_cache, v_cache, block_table,
+                               cache_seqlens, out, lse, device, handle)
+            if plan is not None and fast is not None and fast[0][-1] == handle:
+                _register_fast(fast, plan, kind, q, d, block_table, cache_seqlens)
     if kind == "cai" and dtype_name == "bfloat16":
         out = BFloat16Array(out)
     return (out, lse) if d.return_lse else out
+
+
+_FAST_CALLS = fast_table("decode")
+
+
+def decode_fast(q, k_cache, v_cache, cache_seqlens, block_table, options, guards, stream):
+    """A repeated decode call: the plan recorded under this call's signature (the arrays'
+    geometry, every keyword, the stream) launched on its arrays. ``options``: the keyword
+    values; ``guards``: the mask object. Returns (result, None) on a hit, else (None,
+    (signature, guards)) for ``decode_cuda``; calls on a capturing stream always miss."""
+    geometry = geometry_reader(type(q))
+    if geometry is None:
+        return None, None
+    try:
+        handle = current_stream_of(q) if stream is None else raw_stream_handle(stream, None, None)
+    except TypeError:
+        return None, None
+    key = ("decode", type(q), geometry(q), geometry(k_cache), geometry(v_cache),
+           None if cache_seqlens is None else geometry_of(cache_seqlens),
+           None if block_table is None else geometry_of(block_table), options, handle)
+    try:
+        call = _FAST_CALLS.get(key)
+    except TypeError:           # an unhashable keyword value (a list window_size, ...)
+        return None, None
+    if call is not None and not stream_is_capturing(handle):
+        extras = tuple(x for x in (block_table, cache_seqlens) if x is not None)
+        result = call.run((q, k_cache, v_cache), extras, guards, handle)
+        if result is not None:
+            return result, None
+    return None, (key, guards)
+
+
+def _register_fast(fast, plan, kind, q, d, block_table, cache_seqlens):
+    """Record a tensor-core decode plan under the call's signature (torch / CuPy arrays)."""
+    if kind not in ("torch", "cupy"):
+        return
+    (key, guards) = fast
+    # FastCall's pointers: q, k, v, out, [lse], [block_table], [cache_seqlens]; the plan's
+    # caller slots: q, k, v, [block_table], [cache_seqlens], out, [lse].
+    n_extra = int(d.paged) + int(not d.full_lens)
+    out_at, lse_at = 3, 4
+    extra_at = 4 + int(d.return_lse)
+    order = [0, 1, 2] + list(range(extra_at, extra_at + n_extra)) + [out_at] + \
+        ([lse_at] if d.return_lse else [])
+    extras = tuple(x for x in (block_table if d.paged else None,
+                               None if d.full_lens else cache_seqlens) if x is not None)
+    register_fast(_FAST_CALLS, key, FastCall(
+        plan, kind, q, current_device_id(), (d.batch, d.seqlen_q, d.heads_q, d.head_dim),
+        None, (d.batch, d.heads_q, d.seqlen_q) if d.return_lse else None, False, extras, True,
+        guards=guards, order=order, align=15))
 
 
 def _full_lengths(kind, like, batch, capacity):
@@ -416,8 +472,9 @@ def _fixed(x, elem):
 
 
 def _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse, o_part, lse_part,
-                   device):
-    """(params, caller pointers, fixed arrays) of the ten leading kernel arrays."""
+                   device, workspace=False):
+    """(params, caller pointers, fixed arrays) of the ten leading kernel arrays; ``workspace``:
+    o_part / lse_part are the stream's Numba arrays (fixed pointers), else the call's."""
     entries = [_caller(x, kind, True) for x in (q, k, v)]
     entries.append(_caller(block_table, kind) if d.paged else
                    (_fixed(_dummy(device, (1, 1), np.int32), types.int32), None))
@@ -432,41 +489,48 @@ def _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse, o_par
     if o_part is None:
         entries.append((_fixed(_dummy(device, (1, 1, 1, 1, 1), np.float32), types.float32), None))
         entries.append((_fixed(_dummy(device, (1, 1, 1, 1), np.float32), types.float32), None))
+    elif workspace:
+        entries += [(_fixed(o_part, types.float32), None), (_fixed(lse_part, types.float32), None)]
     else:
         entries += [_caller(o_part, kind), _caller(lse_part, kind)]
     params = [p for p, _ in entries]
     ptrs = [ptr for _, ptr in entries if ptr is not None]
-    return params, ptrs, (tree,)
+    return params, ptrs, (tree, o_part, lse_part) if workspace else (tree,)
 
 
 def _decode_gpu(kind, d, is_bf16, q, k, v, block_table, cache_seqlens, out, lse, device, stream):
+    """Launch one GPU decode call; returns the tensor-core kernel's plan when a later call of the
+    same signature may reuse it as it is (not inside a graph capture), else None."""
     dev = current_device_id()
     if device is not None and device != dev:
         with cuda.gpus[device]:
             return _decode_gpu(kind, d, is_bf16, q, k, v, block_table, cache_seqlens, out, lse,
                                device, stream)
+    capturing = stream_is_capturing(stream)
     o_part = lse_part = None
-    if not d.direct:
+    workspace = d.use_mma and not d.direct and not capturing
+    if workspace:       # the stream's own buffers: its launches are ordered
+        o_part, lse_part = _workspace(dev, stream, d)
+    elif not d.direct:  # a capture (or the CUDA-core path): buffers of this call
         shape = (d.splits, d.batch, d.seqlen_q, d.heads_q, d.head_dim)
         o_part = empty_like_kind(kind, q, shape, "float32")
         lse_part = empty_like_kind(kind, q, (d.splits, d.batch, d.heads_q, d.seqlen_q), "float32")
     callers = [x for x in (q, k, v, block_table if d.paged else None,
-                           None if d.full_lens else cache_seqlens, out, lse, o_part, lse_part)
-               if x is not None]
+                           None if d.full_lens else cache_seqlens, out, lse) if x is not None]
+    if not d.direct and not workspace:
+        callers += [o_part, lse_part]
     infos = [interface(x, kind) for x in callers]
-    key = (_choices(d, is_bf16), tuple((i[1] if type(i[1]) is tuple else tuple(i[1]),
-                                        tuple(i[2]), i[3]) for i in infos), dev,
-           stream if d.use_mma and not d.direct else None,
-           stream_is_capturing(stream) if d.use_mma and not d.direct else False)
+    key = (_choices(d, is_bf16), tuple((tuple(i[1]), tuple(i[2]), i[3]) for i in infos), dev,
+           stream if d.use_mma and not d.direct else None, capturing)
     plan = _CALL_PLANS.get(key)
     if plan is None:
         params, _, keep = _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse,
-                                         o_part, lse_part, dev)
+                                         o_part, lse_part, dev, workspace)
         if d.use_mma:
             plan = _mma_plan(d, is_bf16, params, keep, dev, stream)
         else:
             plan = _fma_plan(d, is_bf16, params, keep, dev)
-        if not key[4]:       # a capture's counters belong to that capture only
+        if not capturing:       # a capture's counters belong to that capture only
             if len(_CALL_PLANS) >= _PLANS_MAX:
                 _CALL_PLANS.clear()
             _CALL_PLANS[key] = plan
@@ -476,6 +540,25 @@ def _decode_gpu(kind, d, is_bf16, q, k, v, block_table, cache_seqlens, out, lse,
                            dev)
         merge.launch([interface(x, kind)[0] for x in (o_part, lse_part, out)] +
                      ([interface(lse, kind)[0]] if lse is not None else []), stream)
+        return None
+    return None if capturing else plan
+
+
+_WORKSPACES: dict = {}
+
+
+def _workspace(device, stream, d):
+    """The partial states (o float32 (splits, B, Sq, Hq, D), lse float32 (splits, B, Hq, Sq)) of
+    one stream's folded decode calls of this shape, allocated once (Numba device arrays)."""
+    key = (device, stream, d.splits, d.batch, d.seqlen_q, d.heads_q, d.head_dim)
+    entry = _WORKSPACES.get(key)
+    if entry is None:
+        if len(_WORKSPACES) >= _PLANS_MAX:
+            _WORKSPACES.clear()     # plans keep the arrays they point to alive
+        entry = _WORKSPACES[key] = (
+            cuda.device_array(key[2:], np.float32),
+            cuda.device_array((d.splits, d.batch, d.heads_q, d.seqlen_q), np.float32))
+    return entry
 
 
 def _plan_key(params, extra):

@@ -15,7 +15,8 @@ import numpy as np
 
 from .driver import current_device
 
-__all__ = ["FastCall", "fast_table", "register_fast", "call_key", "geometry_of", "pointer_of"]
+__all__ = ["FastCall", "fast_table", "register_fast", "call_key", "geometry_of", "geometry_reader",
+           "pointer_of", "current_stream_of"]
 
 _TABLES: dict = {}
 _MAX_ENTRIES = 512
@@ -107,8 +108,9 @@ class FastCall:
     16-bit data must be 4-byte aligned, and the objects keyed by identity (``guards``)."""
 
     def __init__(self, plan, kind, like, device, out_shape, out_dtype, lse_shape, fill,
-                 extras, half, guards=(), order=None, arity=3):
+                 extras, half, guards=(), order=None, align=3):
         self.plan, self.device, self.half, self.guards = plan, device, half, guards
+        self.align = align            # 16-bit data: the inputs' pointers must clear these bits
         self.order = order            # None: pointers in the order inputs, out, lse, extras
         self.n_extras = len(extras)
         self.new_out, self.new_lse, self.stream = _allocators(kind, like, out_shape, out_dtype,
@@ -122,7 +124,7 @@ class FastCall:
         if current_device() != self.device:
             return None
         ptrs = [pointer_of(x) for x in arrays]
-        if self.half and (ptrs[0] | ptrs[1] | ptrs[2]) & 3:
+        if self.half and (ptrs[0] | ptrs[1] | ptrs[2]) & self.align:
             return None          # the full path raises the alignment error
         out = self.new_out()
         ptrs.append(pointer_of(out))
@@ -135,6 +137,18 @@ class FastCall:
             ptrs = [ptrs[i] for i in self.order]
         self.plan.launch(ptrs, self.stream() if stream is None else stream_handle(stream))
         return out if lse is None else (out, lse)
+
+
+def current_stream_of(x) -> int:
+    """Raw handle of the current stream of x's library on x's device (CuPy / torch)."""
+    root = type(x).__module__.split(".")[0]
+    if root == "torch":
+        from .streams import torch_current_stream
+
+        return torch_current_stream(x.get_device())
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
 
 
 def stream_handle(stream) -> int:
