@@ -7,15 +7,19 @@ and bfloat16; contiguous caches and paged ones (page sizes 16 and 64, shuffled b
 
     python scripts/bench_decode.py --out bench_decode.json --plot bench_decode.png [--quick]
         [--sweep]   # also time num_splits = 1, 2, 4, ..., 128 on the contiguous float16 cases
-        [--tiles "32,2,1;32,2,1,0;48,2,1"]   # tensor-core tiles (bn, stages, warps[, fold[, pdl[, tail]]])
-                    # x num_splits around each one's auto choice, float16, run before the table
-        [--tile-shapes 3] [--tile-splits 8,12,16] [--tile-pages none,16]   # restrict the sweep
-        [--pdl-ab]          # also time every table row with NUMBA_FLASH_DECODE_PDL=1
-        [--tail-ab]         # also time every table row with the old merge tail
-                            # (NUMBA_FLASH_DECODE_TAIL=old; the table's own column is the default)
-        [--cluster-ab]      # also time every table row with NUMBA_FLASH_DECODE_CLUSTER=1
+        [--tiles "32,2,1;16,3,1;48,2,1,0"]   # tensor-core tiles (bn, stages, warps[, hint])
+                    # x num_splits around each one's auto choice, float16, run before the table;
+                    # hint 0/1 forces the evict-first L2 hint off/on (default: the runtime's)
+        [--tile-shapes 3] [--tile-splits 8,12,16] [--tile-wps 2,3,4] [--tile-pages none,16]
+                    # restrict the tile sweep; [--no-table] runs the tile sweep only
         [--shapes 3,0]      # table rows for these SHAPES indices only
         [--no-bf16-paged]   # skip the bfloat16 paged rows (shorter runs)
+        [--sanitize-case]   # one small paged decode, then exit (for compute-sanitizer)
+
+The tile sweep passes ``tile=`` / ``stream_hint=`` (test keywords of
+numba_flash.cuda.launch.decode.decode_cuda) by wrapping that function for the sweep's duration;
+numba_flash.decode calls it through the module, so the wrapper takes effect. The library reads
+no environment switches.
 
 Timing: each measurement enqueues a ~0.08 s spin kernel first (torch.cuda._sleep), then REPS calls
 back to back between two CUDA events, so the GPU never waits for Python and the time is the
@@ -27,16 +31,15 @@ GB/s of K+V: 2 * B * L * heads_kv * D * itemsize / time (each K/V byte is read o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import json
-import os
 import statistics
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-import numba_flash
+torch = F = numba_flash = None      # imported by main (so that --help needs neither)
 
 SHAPES = [(8, 32, 8, 32768, 128), (1, 32, 8, 131072, 128), (64, 32, 8, 4096, 128),
           (1, 32, 32, 8192, 128), (16, 64, 8, 16384, 128)]
@@ -61,18 +64,6 @@ def gpu_time_ms(fn, reps=REPS, rounds=5, spin=SPIN_CYCLES):
         stop.synchronize()
         times.append(start.elapsed_time(stop) / reps)
     return statistics.median(times)
-
-
-def gpu_time_ms_with_env(fn, var, value):
-    """``gpu_time_ms(fn)`` with the environment variable ``var`` set to ``value`` (numba_flash
-    reads its A/B switches per call), then unset; and the decode plan's merge of that run."""
-    from numba_flash.cuda.launch.decode import LAST_PLAN
-
-    os.environ[var] = value
-    try:
-        return gpu_time_ms(fn), LAST_PLAN.get("merge")
-    finally:
-        os.environ.pop(var)
 
 
 def call_time_us(fn, rounds=7):
@@ -135,14 +126,14 @@ def sdpa_times(q, k, v, row):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--out", default="bench_decode.json")
     ap.add_argument("--plot", default="bench_decode.png")
     ap.add_argument("--quick", action="store_true", help="first shape only")
     ap.add_argument("--sweep", action="store_true", help="num_splits sweep (contiguous fp16)")
     ap.add_argument("--tiles", default="",
-                    help="tensor-core configurations 'bn,stages,warps[,fold];...' to sweep (with "
-                         "num_splits) on the contiguous fp16 cases; fold 0 = separate merge")
+                    help="tensor-core tiles 'bn,stages,warps[,hint];...' to sweep (with "
+                         "num_splits) on float16 cases; hint 0/1 forces the L2 evict-first hint")
     ap.add_argument("--tile-shapes", default="", help="indices into SHAPES for the tile sweep")
     ap.add_argument("--tile-splits", default="", help="split counts for the tile sweep")
     ap.add_argument("--tile-wps", default="",
@@ -150,19 +141,13 @@ def main():
     ap.add_argument("--tile-pages", default="none",
                     help="cache layouts of the tile sweep: none (contiguous) and/or page sizes")
     ap.add_argument("--no-table", action="store_true", help="tile sweep only")
-    ap.add_argument("--pdl-ab", action="store_true",
-                    help="also time each table row with programmatic dependent launch")
-    ap.add_argument("--tail-ab", action="store_true",
-                    help="also time each table row with NUMBA_FLASH_DECODE_TAIL=old")
-    ap.add_argument("--cluster-ab", action="store_true",
-                    help="also time each table row with NUMBA_FLASH_DECODE_CLUSTER=1 (the "
-                         "cluster merge instead of the last-warp fold), then the default again")
     ap.add_argument("--shapes", default="", help="indices into SHAPES for the table, e.g. 3,0")
     ap.add_argument("--no-bf16-paged", action="store_true", help="skip bfloat16 paged rows")
     ap.add_argument("--sanitize-case", action="store_true",
                     help="run one small paged decode (splits, tree mask) and exit: for "
                          "compute-sanitizer")
     args = ap.parse_args()
+    _imports()
     if args.sanitize_case:
         from numba_flash import masks
 
@@ -215,33 +200,6 @@ def main():
                            ours_gbs=kv_bytes / ms / 1e6, splits=LAST_PLAN.get("splits"),
                            tile=LAST_PLAN.get("tile"), merge=LAST_PLAN.get("merge"))
                 row["ours_pct_copy"] = 100 * row["ours_gbs"] / copy_bw
-                if args.pdl_ab:
-                    t, _ = gpu_time_ms_with_env(fn, "NUMBA_FLASH_DECODE_PDL", "1")
-                    row.update(pdl_ms=t, pdl_pct_copy=100 * kv_bytes / t / 1e6 / copy_bw)
-                if args.tail_ab:
-                    t_old, _ = gpu_time_ms_with_env(fn, "NUMBA_FLASH_DECODE_TAIL", "old")
-                    t_new = gpu_time_ms(fn)       # again, right after: drift shows in the pair
-                    row.update(old_tail_ms=t_old,
-                               old_tail_pct_copy=100 * kv_bytes / t_old / 1e6 / copy_bw,
-                               new_tail_ms=t_new,
-                               new_tail_pct_copy=100 * kv_bytes / t_new / 1e6 / copy_bw)
-                    print(f"  tail A/B {(b, hq, hkv, L)} {dtype} {row['layout']}: old "
-                          f"{t_old * 1e3:.1f} us {row['old_tail_pct_copy']:.1f}%, new "
-                          f"{t_new * 1e3:.1f} us {row['new_tail_pct_copy']:.1f}% "
-                          f"(table {ms * 1e3:.1f} us)", flush=True)
-                if args.cluster_ab:
-                    t_alt, alt_merge = gpu_time_ms_with_env(fn, "NUMBA_FLASH_DECODE_CLUSTER",
-                                                            "1")
-                    t_default = gpu_time_ms(fn)     # again, right after: drift shows in the pair
-                    row.update(cluster_ms=t_alt, cluster_merge=alt_merge,
-                               cluster_pct_copy=100 * kv_bytes / t_alt / 1e6 / copy_bw,
-                               default_again_ms=t_default,
-                               default_again_pct_copy=100 * kv_bytes / t_default / 1e6 / copy_bw)
-                    print(f"  cluster A/B {(b, hq, hkv, L)} {dtype} {row['layout']}: "
-                          f"{alt_merge} {t_alt * 1e3:.2f} us {row['cluster_pct_copy']:.1f}%, "
-                          f"{row['merge']} {ms * 1e3:.2f} / {t_default * 1e3:.2f} us "
-                          f"{row['ours_pct_copy']:.1f} / {row['default_again_pct_copy']:.1f}%",
-                          flush=True)
                 if page is None:
                     sdpa_times(q, k, v, row)
                     for name in ("flash", "cudnn"):
@@ -272,10 +230,17 @@ def main():
     _kernel_report()
 
 
+def _imports():
+    global torch, F, numba_flash
+    import torch
+    import torch.nn.functional as F
+
+    import numba_flash
+
+
 def tile_sweep(args, copy_bw, save, out):
-    """%copy of float16 cases for each tensor-core configuration
-    'bn,stages,warps[,fold[,pdl[,tail]]]' (NUMBA_FLASH_DECODE_TILE / _FOLD / _PDL / _TAIL, tail
-    'old' or 'new') and split count: ``--tile-splits``, or a few
+    """%copy of float16 cases for each tensor-core tile 'bn,stages,warps[,hint]' (decode_cuda's
+    ``tile`` and ``stream_hint`` test keywords) and split count: ``--tile-splits``, or a few
     around what ``num_splits="auto"`` picks for that layout; ``--tile-pages`` picks the cache
     layouts (none = contiguous, or page sizes), ``--tile-shapes`` the shapes."""
     from numba_flash.cuda.launch import decode as dec
@@ -283,62 +248,83 @@ def tile_sweep(args, copy_bw, save, out):
     shapes = [SHAPES[int(i)] for i in args.tile_shapes.split(",")] if args.tile_shapes else \
         (SHAPES[:1] if args.quick else SHAPES)
     pages = [None if p == "none" else int(p) for p in args.tile_pages.split(",")]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for (b, hq, hkv, L, d) in shapes:
         for page in pages:
             q, k, v, lens, table = make_inputs(b, hq, hkv, L, d, "float16", page)
             kv_bytes = 2 * b * L * hkv * d * q.element_size()
-            units = b * hkv * -(-(hq // hkv) // dec.MMA_ROWS)
-            contig = dec.auto_num_splits_mma(units, L, sms)
-            if page is None:
-                auto = contig
-            else:
-                auto = dec.auto_num_splits_mma(units, L, sms, dec.MMA_WARPS_PER_SM_PAGED, 0)
-            if args.tile_splits:
-                splits = sorted({int(x) for x in args.tile_splits.split(",")})
-            elif args.tile_wps:     # the split counts that give these warps per multiprocessor
-                splits = sorted({dec.auto_num_splits_mma(units, L, sms, int(w), 0)
-                                 for w in args.tile_wps.split(",")})
-            elif page is None:
-                splits = sorted({auto, max(1, auto // 2), 2 * auto, max(1, auto * 3 // 4),
-                                 auto * 3 // 2})
-            else:     # around the paged rule's choice and the contiguous rule's
-                splits = sorted({auto, max(1, auto // 2), contig, contig * 4 // 3})
-            for tile in args.tiles.split(";"):
-                parts = tile.split(",")    # bn,stages,warps[,fold 0/1[,pdl 0/1[,tail old/new]]]
-                os.environ["NUMBA_FLASH_DECODE_TILE"] = ",".join(parts[:3])
-                os.environ["NUMBA_FLASH_DECODE_FOLD"] = parts[3] if len(parts) > 3 else "1"
-                if len(parts) > 4:
-                    os.environ["NUMBA_FLASH_DECODE_PDL"] = parts[4]
-                else:
-                    os.environ.pop("NUMBA_FLASH_DECODE_PDL", None)
-                os.environ["NUMBA_FLASH_DECODE_TAIL"] = parts[5] if len(parts) > 5 else "new"
-                for s in splits:
-                    fn = lambda: numba_flash.decode(q, k, v, cache_seqlens=lens,
-                                                    block_table=table, num_splits=s)
-                    t = gpu_time_ms(fn, rounds=3, spin=SPIN_CYCLES // 3)
-                    out.append(dict(B=b, Hq=hq, Hkv=hkv, L=L, page=page, tile=tile, splits=s,
-                                    auto=s == auto, ms=t,
-                                    pct_copy=100 * kv_bytes / t / 1e6 / copy_bw))
-                    print(f"  tile {tile:<12} {b, hq, hkv, L} page {page} splits {s:>3}"
-                          f"{'*' if s == auto else ' '}: {t:.4f} ms {out[-1]['pct_copy']:.1f}%",
-                          flush=True)
+            auto, splits = _tile_splits(args, dec, b * hkv * -(-(hq // hkv) // dec.MMA_ROWS),
+                                        L, page)
+            for spec in args.tiles.split(";"):
+                with _decode_tile(dec, spec):
+                    for s in splits:
+                        fn = lambda: numba_flash.decode(q, k, v, cache_seqlens=lens,
+                                                        block_table=table, num_splits=s)
+                        t = gpu_time_ms(fn, rounds=3, spin=SPIN_CYCLES // 3)
+                        out.append(dict(B=b, Hq=hq, Hkv=hkv, L=L, page=page, tile=spec,
+                                        splits=s, auto=s == auto, ms=t,
+                                        pct_copy=100 * kv_bytes / t / 1e6 / copy_bw,
+                                        plan_tile=dec.LAST_PLAN.get("tile")))
+                        print(f"  tile {spec:<12} {b, hq, hkv, L} page {page} splits {s:>3}"
+                              f"{'*' if s == auto else ' '}: {t:.4f} ms "
+                              f"{out[-1]['pct_copy']:.1f}%", flush=True)
                 save()
             del q, k, v, lens, table
             torch.cuda.empty_cache()
-    for name in ("NUMBA_FLASH_DECODE_TILE", "NUMBA_FLASH_DECODE_FOLD", "NUMBA_FLASH_DECODE_PDL",
-                 "NUMBA_FLASH_DECODE_TAIL"):
-        os.environ.pop(name, None)
     return out
+
+
+def _tile_splits(args, dec, units, L, page):
+    """(the split count "auto" picks for this layout, the split counts to sweep)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    contig = dec.auto_num_splits_mma(units, L, sms)
+    auto = contig if page is None else \
+        dec.auto_num_splits_mma(units, L, sms, dec.MMA_WARPS_PER_SM_PAGED, 0)
+    if args.tile_splits:
+        return auto, sorted({int(x) for x in args.tile_splits.split(",")})
+    if args.tile_wps:       # the split counts that give these warps per multiprocessor
+        return auto, sorted({dec.auto_num_splits_mma(units, L, sms, int(w), 0)
+                             for w in args.tile_wps.split(",")})
+    if page is None:
+        return auto, sorted({auto, max(1, auto // 2), 2 * auto, max(1, auto * 3 // 4),
+                             auto * 3 // 2})
+    return auto, sorted({auto, max(1, auto // 2), contig, contig * 4 // 3})   # paged and contig
+
+
+@contextlib.contextmanager
+def _decode_tile(dec, spec):
+    """While inside: numba_flash.decode runs the tensor-core tile of ``spec``
+    'bn,stages,warps[,hint 0/1]', by ``dec.decode_cuda`` (which numba_flash.decode calls through
+    the module) replaced with a partial of it. The wrapper also drops ``fast``: a plan recorded
+    for repeated calls is keyed by the call's signature, not the tile, and would serve the next
+    tile's calls; so every call takes the full path (more host time, the same GPU time)."""
+    from numba_flash.cuda.launch import fastpath
+
+    parts = [int(x) for x in spec.split(",")]
+    hint = bool(parts[3]) if len(parts) > 3 else None
+    original = dec.decode_cuda
+    tiled = functools.partial(original, tile=tuple(parts[:3]), stream_hint=hint)
+
+    def decode_cuda(*a, **kw):
+        kw["fast"] = None
+        return tiled(*a, **kw)
+
+    fastpath.fast_table("decode").clear()       # no earlier plan may answer these calls
+    dec.decode_cuda = decode_cuda
+    try:
+        yield
+    finally:
+        dec.decode_cuda = original
+        fastpath.fast_table("decode").clear()
 
 
 def _kernel_report():
     """Registers, local memory (spills) and shared memory of each decode kernel compiled here."""
+    from numba_flash.cuda.kernels import decode_fma
     from numba_flash.cuda.launch import decode as dec
 
     names = ("D", "bf16", "rows", "paged", "left", "right", "sinks", "softcap", "tree", "direct",
              "lse")
-    for config, kern in list(dec._KERNELS.items()) + list(dec._MMA_KERNELS.items()):
+    for config, kern in list(decode_fma._KERNELS.items()) + list(dec._MMA_KERNELS.items()):
         try:
             regs, local, shared = (next(iter(x.values())) if isinstance(x, dict) else x
                                    for x in (kern.get_regs_per_thread(),
