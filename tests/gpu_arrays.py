@@ -62,5 +62,17 @@ def poison_outputs(monkeypatch):
 
     for module in (_attention, _decode, _merge):
         monkeypatch.setattr(module, "empty_like_kind", poisoned)
+    no_repeat_path(monkeypatch)
+
+
+def no_repeat_path(monkeypatch):
+    """Every call takes the full path (no plan recorded or reused by call signature) for the
+    rest of the test."""
+    def miss(*args, **kwargs):
+        return None, None
+
+    monkeypatch.setattr(_attention, "attention_fast", miss)
+    monkeypatch.setattr(_decode, "decode_fast", miss)
+    monkeypatch.setattr(_merge, "merge_states_fast", miss)
     monkeypatch.setattr(numba_flash.api, "_FAST", [None])
     monkeypatch.setattr(sys.modules["numba_flash.decode"], "_FAST", [None])

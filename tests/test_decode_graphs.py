@@ -102,7 +102,7 @@ def test_gpu_cupy_graph_replays_eager_bits(splits):
 
 def test_gpu_capture_beyond_the_reserve_raises_clearly():
     """A captured call needing more merge counters than were set aside outside captures
-    raises GraphCaptureError naming the fix, and decode keeps its direct launch afterwards."""
+    raises GraphCaptureError naming the fix, and decode works (and captures) afterwards."""
     torch = pytest.importorskip("torch")
     from numba_flash.cuda.launch import decode as dec
 
@@ -117,7 +117,6 @@ def test_gpu_capture_beyond_the_reserve_raises_clearly():
     with pytest.raises(dec.GraphCaptureError, match="outside the capture first"):
         with torch.cuda.graph(graph, stream=stream):
             numba_flash.decode(q, k, k, num_splits=2)
-    assert dec._FAST["on"]
     eager = numba_flash.decode(q, k, k, num_splits=2)              # sets aside a larger reserve
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):

@@ -69,7 +69,8 @@ def test_decreasing_cu_seqlens_k_of_the_issue():
 def test_checked_gpu_max_seqlen_and_unchecked_default():
     rng = np.random.default_rng(2)
     q, k, v = (FakeGpuArray(x) for x in _packed(rng))
-    cu_q, cu_k = FakeGpuArray(np.array([0, 4, 7], np.int32)), FakeGpuArray(np.array([0, 5, 9]))
+    cu_q = FakeGpuArray(np.array([0, 4, 7], np.int32))
+    cu_k = FakeGpuArray(np.array([0, 5, 9], np.int32))
     kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=3, max_seqlen_k=5)
     with pytest.raises(ValueError, match=r"max_seqlen_q \(3\) is smaller than the longest "
                                          r"sequence \(4\)"):

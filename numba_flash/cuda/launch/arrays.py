@@ -122,7 +122,7 @@ def gpu_inputs(q, k, v, lead: bool = False):
     return kind, names[0], (known.pop() if known else None), interfaces
 
 
-def kernel_array(x, kind: str, as_words: bool, lead: bool = False):
+def kernel_array(x, kind: str, words: bool, lead: bool = False):
     """The array the kernel reads: x itself, or a uint32 view of pairs along head_dim; with
     ``lead`` a leading axis of length 1 is added (packed varlen arrays seen as batch 1)."""
     if kind == "numpy":
@@ -131,18 +131,18 @@ def kernel_array(x, kind: str, as_words: bool, lead: bool = False):
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         x = x[None] if lead else x
-        return FakeCUDAArray(x.view(np.uint32) if as_words else x)
+        return FakeCUDAArray(x.view(np.uint32) if words else x)
     ptr, shape, strides, itemsize, _ = interface(x, kind)
     if lead:
         shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
-    if as_words:
+    if words:
         shape, strides = as_words(ptr, shape, strides)
         typestr = "<u4"
     else:
         typestr = np.dtype(dtype_name(x)).str
     desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
             "data": (ptr, False), "version": 3, "stream": None}
-    return cuda.from_cuda_arrayinterface(desc, owner=x, sync=False)
+    return cuda.from_cuda_array_interface(desc, owner=x, sync=False)
 
 
 def as_words(ptr, shape, strides):
