@@ -335,10 +335,10 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
     block (``lanes * block_n`` threads); query tiles of ``block_m`` rows of Q, dO, lse, delta
     (and dS for atomic dQ) in shared memory. Grid ``(ceil(Sk / block_n), B * Hq)``.
     """
-    D = head_dim
+    D = int(head_dim)
     ITEM = 8 if is_f64 else 4
     L0, N0, M0 = fma_layout(D, ITEM)
-    TP, BN, BM = lanes or L0, block_n or N0, block_m or M0
+    TP, BN, BM = (int(x) for x in (lanes or L0, block_n or N0, block_m or M0))
     NT, E = TP * BN, D // TP
     assert D % TP == 0 and 32 % TP == 0 and NT % 32 == 0, (D, TP, BN)
     dt = types.float64 if is_f64 else types.float32
@@ -418,10 +418,10 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
     registers), ``block_m`` rows per block (``lanes * block_m`` threads), key tiles of
     ``block_n`` K and V rows in shared memory. Grid ``(ceil(Sq / block_m), B * Hq)``.
     """
-    D = head_dim
+    D = int(head_dim)
     ITEM = 8 if is_f64 else 4
     L0, M0, N0 = fma_layout(D, ITEM)
-    TP, BM, BN = lanes or L0, block_m or M0, block_n or N0
+    TP, BM, BN = (int(x) for x in (lanes or L0, block_m or M0, block_n or N0))
     NT, E = TP * BM, D // TP
     assert D % TP == 0 and 32 % TP == 0 and NT % 32 == 0, (D, TP, BM)
     dt = types.float64 if is_f64 else types.float32
@@ -640,10 +640,10 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     16 (w mod block_m / 16) .. + 15, head_dim / (warps / (block_m / 16)) columns of them.
     Grid ``(ceil(Sk / block_n), B * Hq)``, ``32 warps`` threads.
     """
-    D = head_dim
+    D = int(head_dim)
     W0, _, M0 = mma_layout(D)
     WARPS = warps or W0
-    BN, BM = 16 * WARPS, block_m or M0
+    BN, BM = 16 * int(WARPS), int(block_m or M0)
     assert not block_n or block_n == BN, (block_n, BN)
     NT, DW, KS, NPQ, NPD = 32 * WARPS, D // 2, D // 16, BM // 16, D // 16
     MQ = BM // 16                     # dQ: m-tiles of a query tile, column parts per m-tile
@@ -669,7 +669,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         vs = cuda.shared.array((BN, DW), u32)
         qs = cuda.shared.array((BM, DW), u32)
         dos = cuda.shared.array((BM, DW), u32)
-        dst = cuda.shared.array((BN, BM // 2), u32)     # dS^T, for the dQ product
+        dst = cuda.shared.array((BN, ST_N), u32)        # dS^T (BM / 2 words), for the dQ product
         ls = cuda.shared.array(BM, f32)
         dls = cuda.shared.array(BM, f32)
         st = cuda.local.array(ST_N, f32)
@@ -734,10 +734,10 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
     tiles of ``block_n`` keys (K, V in shared memory). Per tile: S = Q K^T, dP = dO V^T, P and dS
     in registers, dQ += dS K. Grid ``(ceil(Sq / block_m), B * Hq)``, ``32 warps`` threads.
     """
-    D = head_dim
+    D = int(head_dim)
     W0, _, N0 = mma_layout(D)
     WARPS = warps or W0
-    BM, BN = 16 * WARPS, block_n or N0
+    BM, BN = 16 * int(WARPS), int(block_n or N0)
     assert not block_m or block_m == BM, (block_m, BM)
     NT, DW, KS, NPK, NPD = 32 * WARPS, D // 2, D // 16, BN // 16, D // 16
     assert D % 16 == 0 and BN % 16 == 0, (D, BN)
