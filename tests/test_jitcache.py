@@ -84,3 +84,52 @@ def test_factories_pass_every_compile_time_argument(monkeypatch):
     merge.make_merge_kernel(0, False)
     merge.make_merge_kernel(0, True)
     assert len(set(seen)) == 2, seen
+
+
+_CLOSURE_HASHES = r"""
+import hashlib, json, os
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"      # real cuda.jit dispatchers (no compile needed)
+from numba.cuda.core.caching import dumps
+from numba_flash.cuda.kernels import (backward, decode_fma, decode_mma, forward_fma,
+                                      forward_mma, merge)
+def digest(kernel):
+    cells = kernel.py_func.__closure__ or ()
+    return hashlib.sha256(dumps(tuple(c.cell_contents for c in cells))).hexdigest()
+kernels = {
+    "forward_mma": forward_mma.make_mma_kernel(64, False, False, True, False, False, True, 64,
+                                               m_tiles=2),
+    "forward_wgmma": forward_mma.make_mma_kernel(128, True, False, True, False, False, True, 128,
+                                                 m_tiles=1, wgmma=True),
+    "forward_fma": forward_fma.make_fma_kernel(64, True, False, True, False, False, True, 16),
+    "decode_mma_hint": decode_mma.make_mma_decode_kernel(
+        128, False, False, False, True, False, False, False, False, True, 32, 2, 1, fold=True,
+        pdl=True, stream_hint=True),
+    "decode_mma_paged": decode_mma.make_mma_decode_kernel(
+        128, True, True, False, True, False, False, False, False, False, 32, 2, 1, fold=True,
+        page_pow2=16),
+    "decode_fma": decode_fma.make_decode_kernel(256, True, 4, False, False, True, False, False,
+                                                False, True, False),
+    "merge": merge.make_merge_kernel(2, True),
+    "backward_pre": backward.make_preprocess_kernel(True, True, False),
+    "backward_mma": backward.make_mma_dkdv_kernel(64, False, False, True, False, False, True, 0),
+    "backward_fma": backward.make_fma_dkdv_kernel(64, False, False, True, False, False, True),
+    "backward_reduce": backward.make_reduce_kernel(True, False),
+}
+print(json.dumps({name: digest(k) for name, k in kernels.items()}))
+"""
+
+
+def test_kernel_closures_hash_the_same_in_every_process():
+    """Numba's disk cache keys an entry on a hash of the kernel's closure contents; a closure
+    holding an intrinsic or a dispatcher made by the factory pickles differently in every
+    process, so every process would compile again (the decode kernels did: ~16 s per script).
+    Every kernel family's closure must give the same bytes in two fresh processes."""
+    import json
+    import os
+
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _CLOSURE_HASHES], env=env,
+                                      capture_output=True, text=True, check=True).stdout)
+            for _ in range(2)]
+    assert runs[0] == runs[1], {k: (runs[0][k][:8], runs[1][k][:8]) for k in runs[0]
+                                if runs[0][k] != runs[1][k]}

@@ -207,10 +207,13 @@ def grad_scores(qk, dp, lse_r, delta_r, scale, cap_in, cap_out, has_softcap, bas
         s = cap_out * t
     else:
         s = scale * qk
+    # s <= lse for every visible pair (p <= 1); the clamp only bounds pairs the caller masks
+    # afterwards, whose exp could overflow (NaN still passes: min keeps a NaN first operand).
+    x = min(s - lse_r, scale * 0)      # scale * 0: zero in the working float type
     if base2:
-        p = exp2(np.float32(s - lse_r))
+        p = exp2(np.float32(x))
     else:
-        p = math.exp(s - lse_r)
+        p = math.exp(x)
     ds = p * (dp - delta_r)
     if has_softcap:
         ds -= ds * t * t

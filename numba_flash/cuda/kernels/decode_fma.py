@@ -35,8 +35,7 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (SIMULATOR, exp2, ld_v4, pack_bf16, pack_f16, shfl_xor, unpack_bf16,
-                          unpack_f16)
+from ..primitives import SIMULATOR, exp2, ld_v4, pack16, shfl_xor, unpack16
 from .decode_split import cache_slot, split_keys
 from .jitcache import jit_kernel
 
@@ -106,8 +105,10 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
     KWORDS = U * CH * 4
     RE, RU = R * EPL, R * U
     SMW = R * EPL + 1              # shared row per lane; +1 keeps the lanes on distinct banks
-    unpack = unpack_bf16 if is_bf16 else unpack_f16
-    pack = pack_bf16 if is_bf16 else pack_f16
+    # (The kernel calls the module's pack16 / unpack16 with this constant rather than holding
+    # an intrinsic in its closure: Numba's disk cache hashes closure contents, and intrinsics
+    # pickle differently in every process.)
+    BF16 = bool(is_bf16)
     NEG_INF = -math.inf
 
     def kernel(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part, lse_part,
@@ -165,7 +166,7 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
                     x0 = np.float32(0.0)
                     x1 = np.float32(0.0)
                     if live:
-                        x0, x1 = unpack(q[b, s, h, w])
+                        x0, x1 = unpack16(BF16, q[b, s, h, w])
                     if not has_softcap:
                         x0 *= scale_log2
                         x1 *= scale_log2
@@ -215,7 +216,7 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
                     sc[i * U + u] = np.float32(0.0)
                 for c in range(CH):
                     for j in range(4):
-                        k0, k1 = unpack(kw[(u * CH + c) * 4 + j])
+                        k0, k1 = unpack16(BF16, kw[(u * CH + c) * 4 + j])
                         for i in range(R):
                             e = i * EPL + c * 8 + j * 2
                             sc[i * U + u] += qf[e] * k0 + qf[e + 1] * k1
@@ -272,7 +273,7 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
             for u in range(U):
                 for c in range(CH):
                     for j in range(4):
-                        v0, v1 = unpack(vw[(u * CH + c) * 4 + j])
+                        v0, v1 = unpack16(BF16, vw[(u * CH + c) * 4 + j])
                         for i in range(R):
                             p = sc[i * U + u]
                             e = i * EPL + c * 8 + j * 2
@@ -321,7 +322,7 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
                 if tot != 0:
                     lse_val = (mx + math.log2(tot)) * np.float32(LN2)
                 if direct:
-                    out[b, s, h, w] = pack(o0 * inv, o1 * inv)
+                    out[b, s, h, w] = pack16(BF16, o0 * inv, o1 * inv)
                     if write_lse and w == 0:
                         lse[b, h, s] = lse_val
                 else:

@@ -28,7 +28,7 @@ from numba import cuda
 from numba.cuda import types
 
 from ..primitives import (SIMULATOR, arrive_acq_rel, bcast0, cp_async16, cp_async16_at,
-                          cp_async16_hint, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
+                          cp_async16_maybe_hint, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
                           cp_async_wait_3, cp_async_wait_all, evict_first_policy, exp2,
                           grid_dependency_wait, grid_launch_dependents, ld2, ldmatrix_x4,
                           ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, st2, syncwarp)
@@ -150,12 +150,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                                         and (PAGE >= BN or BN % PAGE == 0)))
     NPG = BN // PAGE if 0 < PAGE < BN else 1        # pages per tile on the fast path
     HINT = bool(stream_hint) and FAST
-    if HINT:
-        copy16 = cp_async16_hint
-    else:
-        @cuda.jit(device=True, inline=True)
-        def copy16(dst, di, dj, src, word_offset, src_bytes, policy):
-            cp_async16_at(dst, di, dj, src, word_offset, src_bytes)
     NEG_INF = -math.inf
     if BN * CPR % 32 or BN % 16 or not 2 <= S <= 4 or mma_smem_bytes(D, BN, S, NW) > 49152:
         raise ValueError(f"unsupported decode tile: block_n {BN}, stages {S}, warps {NW} at "
@@ -330,16 +324,16 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                             r = rr + lrow
                             dc = lcol ^ (SWZ_MASK & ((r & 7) << 2))
                             pr = rr - pi * (BN // NPG)
-                            copy16(ks, dst0 + r, dc, k, kb + pr * ksr, 16, policy)
-                            copy16(vs, dst0 + r, dc, v, vb + pr * vsr, 16, policy)
+                            cp_async16_maybe_hint(HINT, ks, dst0 + r, dc, k, kb + pr * ksr, 16, policy)
+                            cp_async16_maybe_hint(HINT, vs, dst0 + r, dc, v, vb + pr * vsr, 16, policy)
                 else:
                     kb = kstart * ksr + kl
                     vb = kstart * vsr + vl
                     for it in range(LOADS):
                         r = it * RPI + lrow
                         dc = lcol ^ (SWZ_MASK & ((r & 7) << 2))
-                        copy16(ks, dst0 + r, dc, k, kb + (it * RPI) * ksr, 16, policy)
-                        copy16(vs, dst0 + r, dc, v, vb + (it * RPI) * vsr, 16, policy)
+                        cp_async16_maybe_hint(HINT, ks, dst0 + r, dc, k, kb + (it * RPI) * ksr, 16, policy)
+                        cp_async16_maybe_hint(HINT, vs, dst0 + r, dc, v, vb + (it * RPI) * vsr, 16, policy)
             elif step < n_tiles:
                 for it in range(LOADS):
                     i = it * 32 + lane

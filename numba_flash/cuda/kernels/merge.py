@@ -14,7 +14,7 @@ import numpy as np
 from numba import cuda
 
 from .jitcache import jit_kernel
-from ..primitives import pack_bf16, pack_f16
+from ..primitives import pack16
 
 __all__ = ["make_merge_kernel", "merge_kernel", "MERGE_THREADS", "OUT_F32", "OUT_F16", "OUT_BF16"]
 
@@ -34,7 +34,7 @@ def make_merge_kernel(out_mode: int, write_lse: bool):
     D (float32) or D/2 (16-bit) items per row.
     """
     pair = out_mode != OUT_F32
-    pack = pack_bf16 if out_mode == OUT_BF16 else pack_f16
+    BF16 = out_mode == OUT_BF16     # a constant, not an intrinsic in the closure (disk cache)
     NEG_INF = -math.inf
 
     def kernel(o_part, lse_part, out, lse):
@@ -69,7 +69,7 @@ def make_merge_kernel(out_mode: int, write_lse: bool):
         if tot != 0:
             inv = np.float32(1.0) / tot
         if pair:
-            out[b, s, h, w] = pack(o0 * inv, o1 * inv)
+            out[b, s, h, w] = pack16(BF16, o0 * inv, o1 * inv)
         else:
             out[b, s, h, w] = o0 * inv
         if write_lse and w == 0:

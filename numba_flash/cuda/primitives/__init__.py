@@ -18,7 +18,7 @@ stand-in for Numba's CUDA simulator so that kernel source is the same on both.
 Kernels import the names from here: ``from ..primitives import mma16, ldmatrix_x4, ...``.
 """
 from .base import SIMULATOR
-from .cache_hints import cp_async16_hint, evict_first_policy
+from .cache_hints import cp_async16_hint, cp_async16_maybe_hint, evict_first_policy
 from .cp_async import (cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1,
                        cp_async_wait_2, cp_async_wait_3, cp_async_wait_all)
 from .fastmath import exp2

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .base import SIMULATOR
 
-__all__ = ["evict_first_policy", "cp_async16_hint"]
+__all__ = ["evict_first_policy", "cp_async16_hint", "cp_async16_maybe_hint"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -69,4 +69,25 @@ else:
 
     def cp_async16_hint(dst, di, dj, src, word_offset, src_bytes, policy):
         """``cp_async16_at`` (the policy has no meaning in the simulator)."""
+        cp_async16_at(dst, di, dj, src, word_offset, src_bytes)
+
+
+if not SIMULATOR:
+    from numba import cuda
+
+    from .cp_async import cp_async16_at
+
+    @cuda.jit(device=True, inline=True)
+    def cp_async16_maybe_hint(hint, dst, di, dj, src, word_offset, src_bytes, policy):
+        """``cp_async16_hint`` when ``hint`` (a compile-time constant at the call site), else
+        ``cp_async16_at`` (``policy`` unused)."""
+        if hint:
+            cp_async16_hint(dst, di, dj, src, word_offset, src_bytes, policy)
+        else:
+            cp_async16_at(dst, di, dj, src, word_offset, src_bytes)
+else:
+    def cp_async16_maybe_hint(hint, dst, di, dj, src, word_offset, src_bytes, policy):
+        """``cp_async16_hint`` when ``hint``, else ``cp_async16_at`` (the same copy here)."""
+        from .cp_async import cp_async16_at
+
         cp_async16_at(dst, di, dj, src, word_offset, src_bytes)
