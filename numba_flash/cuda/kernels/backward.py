@@ -485,7 +485,7 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
 
 
 # ----------------------------------------------------------------------------- tensor-core path
-# Fragments (warp.py's module docstring): a warp's 16 x 8 accumulator n-tile j holds, in lane
+# Fragments (primitives/mma.py's module docstring): a warp's 16 x 8 accumulator n-tile j holds, in lane
 # (g, t) = (lane >> 2, lane & 3), element e of rows g + 8 (e >> 1), columns 8 j + 2 t + (e & 1).
 # Pairs of n-tiles packed to 16 bits are A fragments of the next product (P never leaves
 # registers); with S^T = K Q^T the accumulator of a key tile's warp is P^T, the A operand of

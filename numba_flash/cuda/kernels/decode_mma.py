@@ -10,13 +10,13 @@ byte of a split is read once for all of them:
   ``STAGES - 1`` tiles are in flight while one is consumed; no block barrier anywhere;
 * S = Q K^T from ``ldmatrix`` B fragments, online softmax on the accumulator fragment, which is
   already the A operand layout of O += P V (P never leaves registers; V fragments through
-  ``ldmatrix.trans``), as in forward.py.
+  ``ldmatrix.trans``), as in forward_mma.py.
 
 A block holds ``WARPS`` independent warps: warp w of block x is split ``x * WARPS + w`` (more
 warps per block only pack more splits per block; they never communicate). With one split the
 warp writes the output and lse directly, else an fp32 partial state (normalised o, natural-log
-lse); the last warp of each chunk to finish then merges them (``fold``), or merge.py's kernel
-does in a second launch. Masks as in decode.py's CUDA-core kernel: window / sinks / a draft
+lse); the last warp of each chunk to finish then merges them (``fold``). Masks as in
+decode_fma.py's CUDA-core kernel: window / sinks / a draft
 tree of at most 64 nodes, keys counted on the same "virtual" axis (sink keys, then the window).
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
 
     Kernel signature ``(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part,
     lse_part, counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out,
-    window_left, window_right, sinks, tree_len, page_size, page_shift)``, arrays as in decode.py's kernel:
+    window_left, window_right, sinks, tree_len, page_size, page_shift)``, arrays as in decode_fma.py's kernel:
     q uint32 (B, Sq, Hq, D/2); k, v uint32 (B, S_max, Hkv, D/2) or paged (num_pages, page_size,
     Hkv, D/2) with block_table int32 (B, max_pages); cache_seqlens int32 (B,); tree_bits uint32
     (Sq, 2); direct: out uint32 (B, Sq, Hq, D/2), lse float32 (B, Hq, Sq); else o_part float32

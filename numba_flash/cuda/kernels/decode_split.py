@@ -1,4 +1,4 @@
-"""Device functions shared by the two decode kernels (decode.py's CUDA-core kernel and
+"""Device functions shared by the two decode kernels (decode_fma.py's CUDA-core kernel and
 decode_mma.py's tensor-core kernel): which keys a split visits, and where a key lives in a
 contiguous or paged cache. Flags named ``has_*`` / ``paged`` are compile-time constants of the
 calling kernel."""

@@ -42,7 +42,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     Kernel signature: ``(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2,
     cap_in, cap_out, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k,
     alibi)``; q/k/v/out uint32 (B, S, H, D/2), lse float32 (B, Hq, Sq); float scalars as float32.
-    Mask arrays (dummies when unused; see maskdev.py): mk_iv int32 (4, Sk) intervals, mk_mm int32
+    Mask arrays (dummies when unused; see masking.py): mk_iv int32 (4, Sk) intervals, mk_mm int32
     (8, n_ktiles) their min/max, mk_tab int8 (T, n_qtiles, n_ktiles) class table (T = 1 or
     B * Hq), mk_bits uint32 bitmask words. ``varlen``: q/k/v/out are (1, total, H, D/2), lse
     (1, Hq, total_q), sequence b owns rows cu_q[b]:cu_q[b+1] and keys cu_k[b]:cu_k[b+1].
@@ -58,7 +58,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     Each warp owns ``m_tiles`` consecutive 16-row m-tiles (block: 64 * m_tiles rows); every
     K / V fragment it loads feeds the HMMAs of all of them.
 
-    ``wgmma`` (Hopper, compute capability 9.0; hopper.py): two warpgroups (8 warps, 256
+    ``wgmma`` (Hopper, compute capability 9.0; primitives/wgmma.py): two warpgroups (8 warps, 256
     threads, ``WG_THREADS``) own a 128-row query tile, 64 rows each; S = Q K^T and O += P V are
     warpgroup products (``wgmma`` m64nNk16: Q, K, V from 128-byte-swizzled tiles in dynamic
     shared memory, P from registers), with ``m_tiles`` 1 and ``block_n`` 64 or 128. The
@@ -104,7 +104,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     QS_ROWS, QS_COLS = (BM, KW) if Q_SMEM and not WG else (1, 4)
     KS_ROWS, KS_COLS = (1, 4) if WG else (BN, KW)     # static tiles (unused by the wgmma path)
     # wgmma path: byte offsets in dynamic shared memory of the Q, K and V tiles, each made of
-    # 64-column blocks of rows x 128 bytes (hopper.py), and the size of one block.
+    # 64-column blocks of rows x 128 bytes (primitives/wgmma.py), and the size of one block.
     BLK_Q, BLK_K = BM * 128, BN * 128
     Q_OFF, K_OFF, V_OFF = 0, BM * D * 2, (BM + BN) * D * 2
     # Interval masks on the wgmma path: the key tile's 4 bound vectors (4 x BN int32) travel

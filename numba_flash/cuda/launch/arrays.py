@@ -14,7 +14,7 @@ from ..primitives import SIMULATOR
 
 __all__ = ["HALF_NAMES", "FULL_NAMES", "SUPPORTED_HEAD_DIMS", "array_kind", "dtype_name",
            "interface", "gpu_inputs", "kernel_array", "as_words", "empty_like_kind",
-           "flat_array", "InterfaceView", "BFloat16Array", "nullcontext"]
+           "BFloat16Array"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 HALF_NAMES = {"float16": False, "bfloat16": True}     # name -> is bfloat16
@@ -187,41 +187,6 @@ def _new_array(kind, like, shape, name, zero):
     return out
 
 
-
-
-def flat_array(ptr, shape, strides, itemsize):
-    """(layout, parameters) of a Numba array argument: meminfo, parent, size, itemsize, data,
-    shape..., strides... (all intptr). Layout 'C' when the strides are C-contiguous (size-1
-    dimensions ignored, as Numba does), else 'A'."""
-    size, expect, contiguous = 1, itemsize, True
-    for n, st in zip(reversed(shape), reversed(strides)):
-        size *= n
-        if n != 1:
-            contiguous = contiguous and st == expect
-            expect *= n
-    return ("C" if contiguous else "A"), [0, 0, size, itemsize, ptr, *shape, *strides]
-
-
-# The mask, varlen and alibi arguments of a plain launch: never read (compile-time off), passed
-
-
-class InterfaceView:
-    """Device memory described by a ``__cuda_array_interface__`` dict alone (no copy, no Numba
-    wrapper), keeping its ``owner`` alive: an array the direct launch reshapes (ALiBi slopes
-    broadcast to (batch, heads_q))."""
-
-    def __init__(self, interface: dict, owner):
-        self.__cuda_array_interface__ = interface
-        self.owner = owner
-
-
-
-class nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class BFloat16Array:

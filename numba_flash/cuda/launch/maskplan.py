@@ -1,4 +1,4 @@
-"""From a mask object to what the attention kernel reads (see maskdev.py for the kinds).
+"""From a mask object to what the attention kernel reads (see kernels/masking.py for the kinds).
 
 * A ``masks.mask_mod`` becomes ``MASK_MOD``: the user's function is compiled into the kernel, and
   its class table (every pair of every tile evaluated on the device) is built once per
