@@ -9,6 +9,7 @@ Public API:
 - ``numba_flash.decode(q, k_cache, v_cache, ...)``: split-KV decoding over a contiguous or paged
   KV cache (FlashDecoding), GPU or NumPy.
 - ``numba_flash.merge_states(o, lse)``: merge partial attention states (NumPy or GPU arrays).
+- ``numba_flash.warmup(...)``: compile a set of GPU kernel configurations into the disk cache.
 - ``numba_flash.masks``: mask constructors (causal documents, prefix-LM, trees, ...).
 - ``numba_flash.__version__``.
 
@@ -23,8 +24,10 @@ from .api import attention
 from .backward import attention_backward
 from .decode import decode
 from .merge import merge_states
+from .warmup import warmup
 
-__all__ = ["attention", "attention_backward", "decode", "merge_states", "masks", "__version__"]
+__all__ = ["attention", "attention_backward", "decode", "merge_states", "warmup", "masks",
+           "__version__"]
 __version__ = "0.1.0"
 
 

@@ -7,6 +7,8 @@ Subcommands:
   (float32), checked against the float64 reference. Exit status 0 when the check passes, 1 when
   it fails, 2 for a usage or setup error.
 - ``study NAME``: a numerical-stability study (numba_flash.studies, docs/stability.md).
+- ``warmup``: compile (or load) the kernels of a set of configurations into Numba's disk cache
+  (``numba_flash.warmup``); exit status 0, or 2 without a GPU.
 """
 from __future__ import annotations
 
@@ -280,7 +282,33 @@ def build_parser() -> argparse.ArgumentParser:
                     "out/studies/NAME (needs the plot extra).\n\nstudies:\n" + study_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_study_arguments(study)
+    warm = commands.add_parser(
+        "warmup", help="compile the kernels of a set of configurations into Numba's disk cache "
+                       "(for deployments: the first real call then loads them)")
+    warm.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable "
+                      "(default: float16 and bfloat16)")
+    warm.add_argument("--head-dim", action="append", type=int, help="repeatable (default: 64, 128)")
+    warm.add_argument("--no-decode", action="store_true", help="attention kernels only")
+    warm.add_argument("--library", choices=("cupy", "torch"), default="cupy",
+                      help="array library of the warm-up calls")
     return parser
+
+
+def run_warmup(args) -> int:
+    """``python -m numba_flash warmup``: the stats of the kernel cache after the calls."""
+    from .warmup import warmup
+
+    try:
+        stats = warmup(dtypes=tuple(args.dtype or ("float16", "bfloat16")),
+                       head_dims=tuple(args.head_dim or (64, 128)),
+                       decode=not args.no_decode, library=args.library)
+    except RuntimeError as exc:
+        print(f"python -m numba_flash warmup: {exc}", file=sys.stderr)
+        return 2
+    for family, counts in sorted(stats.items()):
+        print(f"{family:10s} loaded from the cache {counts['hits']:4d}   compiled "
+              f"{counts['misses']:4d}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -293,6 +321,8 @@ def main(argv=None) -> int:
         from .studies.cli import run_from_args
 
         return run_from_args(args)
+    if args.command == "warmup":
+        return run_warmup(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

@@ -405,7 +405,7 @@ def test_validation_happens_before_dispatch(monkeypatch):
 
 def test_public_api_and_version():
     assert numba_flash.__all__ == ["attention", "attention_backward", "decode", "merge_states",
-                                   "masks", "__version__"]
+                                   "warmup", "masks", "__version__"]
     assert numba_flash.attention is api.attention
     assert numba_flash.__version__ == importlib.metadata.version("numba-flash")
     assert "lse" in numba_flash.attention.__doc__ and "(batch, heads_q, seqlen_q)" in \
