@@ -131,9 +131,11 @@ def main():
             rows.append(dict(case=name, lib=lib, host_us=host, loop_us=wall,
                              sdpa_host_us=sdpa[0] if sdpa else None,
                              sdpa_loop_us=sdpa[1] if sdpa else None))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+        if args.json:       # after every case: a run stopped at a time limit keeps its rows
+            with open(args.json, "w") as f:
+                json.dump(dict(device=torch.cuda.get_device_name(),
+                               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                               rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
