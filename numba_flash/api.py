@@ -145,10 +145,11 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     """
     fast = _FAST[0]
     signature = None
-    if fast is not None and backend != "cpu":
+    if fast is not None and backend != "cpu" and not check_inputs:
         # Same signature as an earlier GPU call (arrays' geometry, every keyword): its plan,
         # without validating again (validation depends on nothing else).
-        extras = tuple(x for x in (cu_seqlens_q, cu_seqlens_k, alibi_slopes) if x is not None)
+        extras = () if cu_seqlens_q is None and alibi_slopes is None else tuple(
+            x for x in (cu_seqlens_q, cu_seqlens_k, alibi_slopes) if x is not None)
         result, signature = fast(q, k, v, (softmax_scale, causal, window_size, sinks, mask,
                                            softcap, alibi_slopes, return_lse, backend,
                                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

@@ -120,3 +120,18 @@ def test_graph_capture_attention_decode_merge():
     torch.cuda.synchronize()
     for a, b in zip(eager, captured):
         assert torch.equal(a, b)
+
+
+def test_checked_call_never_takes_the_repeated_path():
+    """check_inputs=True reads the index arrays back even when the same call was planned
+    before (the repeated-call path skips validation): bad cu_seqlens raise."""
+    cp = pytest.importorskip("cupy")
+    q = cp.asarray(np.random.default_rng(4).standard_normal((40, 2, 64)), cp.float16)
+    good = cp.asarray(np.array([0, 20, 40], np.int32))
+    bad = cp.asarray(np.array([0, 30, 20], np.int32))
+    kw = dict(max_seqlen_q=30, max_seqlen_k=30, causal=True)
+    for _ in range(2):
+        numba_flash.attention(q, q, q, cu_seqlens_q=good, cu_seqlens_k=good, **kw)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be non-decreasing"):
+        numba_flash.attention(q, q, q, cu_seqlens_q=bad, cu_seqlens_k=bad, check_inputs=True,
+                              **kw)

@@ -219,20 +219,20 @@ def attention_fast(q, k, v, options, extras, guards, stream):
     alibi_slopes, those given); ``guards``: its mask and score_mod. Returns (result, None) on a
     hit, else (None, (signature, extras)) for ``attention_cuda`` to record the plan under.
     """
-    key = None
+    call = key = None
     if not extras:      # the common call: every keyword hashable as it is
         geometry = geometry_reader(type(q))
         if geometry is not None:
             key = ("attention", type(q), geometry(q), geometry(k), geometry(v), options)
             try:
-                hash(key)
+                call = _FAST_CALLS.get(key)
             except TypeError:   # a list window_size, an unhashable mask: the general key
                 key = None
     if key is None:
         key = call_key("attention", (q, k, v), options)
-    if key is None:
-        return None, None
-    call = _FAST_CALLS.get(key)
+        if key is None:
+            return None, None
+        call = _FAST_CALLS.get(key)
     if call is not None:
         result = call.run((q, k, v), extras, guards, stream)
         if result is not None:
