@@ -494,7 +494,10 @@ def mma_layout(head_dim: int):
     """(warps, keys owned per block = 16 x warps, rows per streamed query tile) of the 16-bit
     kernels: K, V, Q, dO tiles and dS^T within 48 KB of static shared memory."""
     if head_dim <= 96:
-        return 4, 64, 64 if head_dim <= 64 else 32
+        # 32-row streamed tiles: with 64 (head_dim <= 64) the per-thread fragment arrays were
+        # indexed by loops ptxas kept rolled, i.e. local memory (offline sm_90: 24-32 LDL in
+        # the key loop of both kernels); 32 keeps every fragment in registers.
+        return 4, 64, 32
     if head_dim <= 128:
         return 4, 64, 16
     return 1, 16, 16
