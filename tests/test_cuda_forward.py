@@ -16,6 +16,7 @@ import pytest
 
 from numba_flash.cuda.launch import attention as launch
 from numba_flash.cuda.primitives import SIMULATOR
+import numba_flash
 from numba_flash_reference.attention import attention as reference
 from numba_flash_reference.masks import CausalMask, visible_matrix
 
@@ -208,8 +209,8 @@ def _bad_inputs(rng, shapes=((1, 5, 2, 32),) * 3, dtypes=("float32",) * 3):
 
 
 def test_unsupported_head_dim_raises():
-    q, k, v = _bad_inputs(np.random.default_rng(0), shapes=((1, 5, 2, 48),) * 3)
-    with pytest.raises(ValueError, match="head_dim must be one of .* got 48"):
+    q, k, v = _bad_inputs(np.random.default_rng(0), shapes=((1, 5, 2, 44),) * 3)
+    with pytest.raises(ValueError, match="head_dim must be one of .* got 44"):
         launch.attention_cuda(q, k, v, softmax_scale=0.1)
 
 
@@ -462,3 +463,21 @@ def test_wgmma_kernel_compiles_offline():
     for d, _, _, n_hgmma, n_ldl, spills in rows:
         # one HGMMA per k-step of Q K^T (d / 16) and of P V (128 / 16 keys)
         assert int(n_hgmma) == int(d) // 16 + 8 and int(n_ldl) == 0 and int(spills) == 0, rows
+
+
+@pytest.mark.parametrize("dtype_name, d", [("float32", 40), ("float16", 72)])
+def test_other_head_dims_are_padded(dtype_name, d):
+    """A head dim no kernel takes as it is (a multiple of 8 up to 256) runs on the next kernel
+    size with zero columns; out has the caller's head dim, lse is unchanged, and the default
+    scale is 1/sqrt of the real head dim."""
+    rng = np.random.default_rng(d)
+    q, k, v = (_random(rng, s, dtype_name) for s in ((1, 9, 2, d), (1, 13, 1, d), (1, 13, 1, d)))
+    out, lse = numba_flash.attention(*(_to_device(x) for x in (q, k, v)), causal=True,
+                                     return_lse=True, backend="cuda")
+    out, lse = _to_host(out), _to_host(lse)
+    ref, ref_lse = reference(q, k, v, causal=True, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    naive = naive_same_dtype(q, k, v, d ** -0.5, visible_matrix(9, 13, causal=True))
+    atol = ATOL.get(dtype_name, 1e-6)
+    assert np.abs(out.astype(np.float64) - ref).max() <= 2 * np.abs(naive - ref).max() + atol
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)

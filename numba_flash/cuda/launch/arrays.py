@@ -12,7 +12,8 @@ from numba import cuda
 from ...arrays import dtype_name as _cached_dtype_name
 from ..primitives import SIMULATOR
 
-__all__ = ["HALF_NAMES", "FULL_NAMES", "SUPPORTED_HEAD_DIMS", "array_kind", "dtype_name",
+__all__ = ["HALF_NAMES", "FULL_NAMES", "SUPPORTED_HEAD_DIMS", "padded_head_dim", "pad_head_dim",
+           "array_kind", "dtype_name",
            "interface", "gpu_inputs", "kernel_array", "as_words", "empty_like_kind",
            "BFloat16Array"]
 
@@ -116,10 +117,25 @@ def gpu_inputs(q, k, v, lead: bool = False):
                          f"k {devices[1]}, v {devices[2]}")
     head_dim = q.shape[-1]
     if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} on the GPU, got {head_dim} "
-                         "(pad q, k, v with zeros to the next supported size: zero columns change "
-                         "no score, then slice the output)")
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} on the GPU (attention "
+                         f"pads other multiples of 8 up to 256 itself), got {head_dim}")
     return kind, names[0], (known.pop() if known else None), interfaces
+
+
+def padded_head_dim(head_dim: int):
+    """The kernel head dim that serves ``head_dim`` by zero padding (the next supported one),
+    for multiples of 8 up to 256 that no kernel takes as they are; None otherwise."""
+    if head_dim in SUPPORTED_HEAD_DIMS or head_dim % 8 or not 0 < head_dim <= 256:
+        return None
+    return min(d for d in SUPPORTED_HEAD_DIMS if d > head_dim)
+
+
+def pad_head_dim(x, kind: str, width: int):
+    """A contiguous copy of ``x`` (..., d) with zero columns up to ``width`` (same kind, dtype
+    and device)."""
+    out = empty_like_kind(kind, x, tuple(x.shape[:-1]) + (width,), dtype_name(x), zero=True)
+    out[..., :x.shape[-1]] = x
+    return out
 
 
 def kernel_array(x, kind: str, words: bool, lead: bool = False):

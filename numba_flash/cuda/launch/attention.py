@@ -23,7 +23,8 @@ from ..kernels.forward_fma import make_fma_kernel
 from ..kernels.forward_mma import make_mma_kernel
 from ..kernels.masking import NONE
 from ..primitives import SIMULATOR
-from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array, as_words, empty_like_kind,
+from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array, array_kind,
+                     as_words, dtype_name, empty_like_kind, pad_head_dim, padded_head_dim,
                      gpu_inputs, interface, kernel_array)
 from .device import compute_capability, current_device_id
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, current_device
@@ -184,6 +185,12 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     miss: the plan is recorded under the signature when the kernel reads exactly those caller
     arrays (cu_seqlens, ALiBi slopes) as they were given.
     """
+    width = padded_head_dim(q.shape[-1])
+    if width is not None and array_kind(q) in ("numpy", "cupy", "torch"):
+        return _attention_padded(q, k, v, width, softmax_scale=softmax_scale, causal=causal,
+                                 window_size=window_size, sinks=sinks, mask=mask,
+                                 softcap=softcap, return_lse=return_lse, stream=stream,
+                                 alibi_slopes=alibi_slopes, varlen=varlen, score_mod=score_mod)
     kind, dtype_name, device, _ = gpu_inputs(q, k, v, lead=varlen is not None)
     options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                    sinks=sinks, mask=mask, softcap=softcap, return_lse=return_lse,
@@ -209,6 +216,21 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     if kind == "cai" and dtype_name == "bfloat16":
         out = BFloat16Array(out)
     return (out, lse) if p.return_lse else out
+
+
+def _attention_padded(q, k, v, width, **options):
+    """Attention at a head dim no kernel takes as it is (a multiple of 8 up to 256): q, k, v
+    padded with zero columns to ``width`` (zero columns add nothing to q.k, and the output's
+    extra columns are dropped), then the result copied back to the caller's head dim. The
+    softmax scale is the caller's (default 1/sqrt of the real head dim), resolved before."""
+    kind = array_kind(q)
+    head_dim = q.shape[-1]
+    padded = [pad_head_dim(x, kind, width) for x in (q, k, v)]
+    result = attention_cuda(*padded, **options)
+    out = result[0] if options["return_lse"] else result
+    trimmed = empty_like_kind(kind, q, tuple(out.shape[:-1]) + (head_dim,), dtype_name(q))
+    trimmed[...] = out[..., :head_dim]
+    return (trimmed, result[1]) if options["return_lse"] else trimmed
 
 
 def attention_fast(q, k, v, options, extras, guards, stream):
