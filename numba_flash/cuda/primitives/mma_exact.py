@@ -1,0 +1,135 @@
+"""Tensor-core products for the exact precisions (issue 21's building blocks).
+
+* ``mma_f64(a0, b0, c0, c1)``: ``mma.sync.aligned.m8n8k4.row.col.f64`` (DMMA): D (8 x 8) =
+  A (8 x 4) B (4 x 8) + C, every value float64. Fragments (PTX ISA, "Matrix Fragments for
+  mma.m8n8k4 with .f64", ``g = lane >> 2``, ``t = lane & 3``): ``a0 = A[g, t]``,
+  ``b0 = B[t, g]``, ``c0, c1 = C[g, 2t], C[g, 2t + 1]`` (D likewise).
+* ``mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: ``mma.sync.aligned.m16n8k8.row.col
+  .f32.tf32.tf32.f32``: D (16 x 8, float32) = A (16 x 8) B (8 x 8) + C, operands TF32 (float32
+  bit patterns, the low 13 mantissa bits ignored). Fragments: ``a0 = A[g, t]``,
+  ``a1 = A[g + 8, t]``, ``a2 = A[g, t + 4]``, ``a3 = A[g + 8, t + 4]``; ``b0 = B[t, g]``,
+  ``b1 = B[t + 4, g]``; C / D as in mma.py's m16n8 layout.
+* ``split_tf32(x) -> (hi, lo)``: ``hi`` = x rounded to TF32 (``cvt.rna.tf32.f32``), ``lo`` =
+  (x - hi) rounded to TF32, so that ``hi + lo`` carries about 21 significant bits of x: the
+  operands of the 3xTF32 scheme (``a_hi b_hi + a_hi b_lo + a_lo b_hi``, fp32 accumulation).
+
+In the simulator the products are computed exactly from the 32 lanes' gathered fragments and
+rounded once (float64 for DMMA; float32 for TF32 after the operands' TF32 truncation).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import SIMULATOR, collective
+
+__all__ = ["mma_f64", "mma_tf32", "split_tf32"]
+
+_G = np.arange(32) >> 2
+_T = np.arange(32) & 3
+
+if not SIMULATOR:
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    _F64, _F32 = types.float64, types.float32
+
+    @intrinsic
+    def mma_f64(typingctx, a0, b0, c0, c1):
+        """D = A B + C for one warp on the float64 tensor cores (fragments: module docstring)."""
+        sig = types.UniTuple(_F64, 2)(_F64, _F64, _F64, _F64)
+
+        def codegen(context, builder, sig, args):
+            f64 = ir.DoubleType()
+            fnty = ir.FunctionType(ir.LiteralStructType([f64] * 2), [f64] * 4)
+            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 "
+                                     "{$0,$1}, {$2}, {$3}, {$4,$5};", "=d,=d,d,d,d,d")
+            res = builder.call(asm, args)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(2)])
+
+        return sig, codegen
+
+    @intrinsic
+    def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A B + C for one warp, TF32 operands, float32 accumulation."""
+        sig = types.UniTuple(_F32, 4)(*([_F32] * 10))
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            bits = [builder.bitcast(a, i32) for a in args[:6]]
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                                     "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            res = builder.call(asm, bits + list(args[6:]))
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def _to_tf32(typingctx, x):
+        sig = _F32(_F32)
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(i32, [f32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+            return builder.bitcast(builder.call(asm, args), f32)
+
+        return sig, codegen
+
+    from numba import cuda
+
+    @cuda.jit(device=True, inline=True)
+    def split_tf32(x):
+        """(hi, lo): x rounded to TF32 and the rounded remainder (module docstring)."""
+        hi = _to_tf32(x)
+        return hi, _to_tf32(x - hi)
+
+else:
+    def _tf32(x):
+        """Round-to-nearest (ties away) to TF32's 10 mantissa bits, as cvt.rna does."""
+        bits = np.array([x], dtype=np.float32).view(np.uint32)[0]
+        if np.isfinite(np.float32(x)):
+            bits = (int(bits) + 0x1000) & 0xFFFFE000
+        return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+
+    def split_tf32(x):
+        """(hi, lo): x rounded to TF32 and the rounded remainder (module docstring)."""
+        hi = _tf32(np.float32(x))
+        return hi, _tf32(np.float32(np.float32(x) - hi))
+
+    def _combine_f64(slots):
+        a = np.zeros((8, 4))
+        b = np.zeros((4, 8))
+        c = np.zeros((8, 8))
+        for lane, (a0, b0, c0, c1) in enumerate(slots):
+            g, t = lane >> 2, lane & 3
+            a[g, t], b[t, g] = a0, b0
+            c[g, 2 * t], c[g, 2 * t + 1] = c0, c1
+        d = a @ b + c
+        return [(np.float64(d[lane >> 2, 2 * (lane & 3)]),
+                 np.float64(d[lane >> 2, 2 * (lane & 3) + 1])) for lane in range(32)]
+
+    def mma_f64(a0, b0, c0, c1):
+        """D = A B + C for one warp (float64; fragments: module docstring)."""
+        return collective((a0, b0, c0, c1), _combine_f64)
+
+    def _combine_tf32(slots):
+        a = np.zeros((16, 8))
+        b = np.zeros((8, 8))
+        c = np.zeros((16, 8), dtype=np.float32)
+        for lane, s in enumerate(slots):
+            g, t = lane >> 2, lane & 3
+            a0, a1, a2, a3, b0, b1 = (float(_tf32(np.float32(x))) for x in s[:6])
+            a[g, t], a[g + 8, t], a[g, t + 4], a[g + 8, t + 4] = a0, a1, a2, a3
+            b[t, g], b[t + 4, g] = b0, b1
+            c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1] = s[6:]
+        d = (a @ b + c).astype(np.float32)
+        return [(d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1])
+                for g, t in zip(_G, _T)]
+
+    def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """D = A B + C for one warp, TF32 operands, float32 result."""
+        return collective((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _combine_tf32)

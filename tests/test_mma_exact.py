@@ -1,0 +1,111 @@
+"""The exact-precision tensor-core primitives (numba_flash/cuda/primitives/mma_exact.py): one
+warp's DMMA (m8n8k4 float64) and TF32 (m16n8k8) products against NumPy with the documented
+fragment layouts, and the 3xTF32 split recovering float32 accuracy. Kernels run on the GPU or in
+the simulator; the offline test checks the instructions ptxas emits for sm_90."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from numba_flash.cuda.primitives import SIMULATOR, mma_f64, mma_tf32, split_tf32
+from gpu_arrays import to_device, to_host
+
+
+@cuda.jit
+def _dmma(a, b, c, d):
+    lane = cuda.threadIdx.x
+    g, t = lane >> 2, lane & 3
+    d0, d1 = mma_f64(a[g, t], b[t, g], c[g, 2 * t], c[g, 2 * t + 1])
+    d[g, 2 * t] = d0
+    d[g, 2 * t + 1] = d1
+
+
+@cuda.jit
+def _tf32(a, b, c, d, three):
+    lane = cuda.threadIdx.x
+    g, t = lane >> 2, lane & 3
+    ah, al = cuda.local.array(4, np.float32), cuda.local.array(4, np.float32)
+    bh, bl = cuda.local.array(2, np.float32), cuda.local.array(2, np.float32)
+    for i, (r, k) in enumerate(((g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4))):
+        ah[i], al[i] = split_tf32(a[r, k])
+    for i, k in enumerate((t, t + 4)):
+        bh[i], bl[i] = split_tf32(b[k, g])
+    acc = (c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
+    if three:   # small terms first: a_lo b_hi + a_hi b_lo, then a_hi b_hi
+        acc = mma_tf32(al[0], al[1], al[2], al[3], bh[0], bh[1], *acc)
+        acc = mma_tf32(ah[0], ah[1], ah[2], ah[3], bl[0], bl[1], *acc)
+    acc = mma_tf32(ah[0], ah[1], ah[2], ah[3], bh[0], bh[1], *acc)
+    d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1] = acc
+
+
+def test_dmma_matches_numpy():
+    rng = np.random.default_rng(0)
+    a, b, c = rng.standard_normal((8, 4)), rng.standard_normal((4, 8)), rng.standard_normal((8, 8))
+    d = to_device(np.full((8, 8), np.nan))
+    _dmma[1, 32](to_device(a), to_device(b), to_device(c), d)
+    np.testing.assert_allclose(to_host(d), a @ b + c, rtol=1e-14, atol=1e-14)
+
+
+def test_three_tf32_products_reach_float32_accuracy():
+    """One TF32 product keeps ~10 mantissa bits; the 3xTF32 sum (hi*hi + hi*lo + lo*hi) comes
+    within a few float32 roundings of the float64 product."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((16, 8)).astype(np.float32)
+    b = rng.standard_normal((8, 8)).astype(np.float32)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64) + c
+    errors = []
+    for three in (False, True):
+        d = to_device(np.full((16, 8), np.nan, np.float32))
+        _tf32[1, 32](to_device(a), to_device(b), to_device(c), d, three)
+        errors.append(np.abs(to_host(d) - exact).max() / np.abs(exact).max())
+    plain, compensated = errors
+    assert 1e-5 < plain < 1e-2, plain                  # TF32: 10 mantissa bits
+    assert compensated < 4 * 2.0 ** -24 * 8, compensated   # ~fp32 rounding of an 8-term sum
+    assert compensated < plain / 100
+
+
+def test_split_tf32_is_exact_in_two_parts():
+    """hi holds x to 11 significant bits, hi + lo to ~22: their sum is within 2^-21 |x|."""
+    for x in np.random.default_rng(2).standard_normal(200).astype(np.float32):
+        hi, lo = split_tf32(x) if SIMULATOR else (None, None)
+        if hi is None:
+            pytest.skip("split_tf32 is a device function on a GPU (covered by the kernel test)")
+        assert np.float32(hi) == np.float32(hi) and abs(float(hi) - float(x)) <= 2 ** -11 * abs(x)
+        assert abs(float(hi) + float(lo) - float(x)) <= 2 ** -21 * abs(x)
+
+
+_OFFLINE = r"""
+import os, sys
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+sys.path.insert(0, "scripts"); sys.path.insert(0, "tests")
+import kernel_resources as kr
+from numba.cuda import types
+import test_mma_exact as t
+f64, f32 = types.float64, types.float32
+A = lambda ty: types.Array(ty, 2, "C")
+d = kr.report(t._dmma.py_func, types.void(A(f64), A(f64), A(f64), A(f64)))
+s = kr.report(t._tf32.py_func, types.void(A(f32), A(f32), A(f32), A(f32), types.boolean))
+print(d["sass"].count("DMMA"), s["sass"].count("HMMA.1688.F32.TF32"), d["n_ldl"], s["n_ldl"])
+"""
+
+
+def test_offline_sass_has_dmma_and_tf32_instructions():
+    """ptxas turns the intrinsics into DMMA.884 and HMMA.1688.F32.TF32 for sm_90, with no local
+    memory. Needs NVVM, NVRTC and ptxas (skipped where they are missing, as in CI)."""
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    res = subprocess.run([sys.executable, "-c", _OFFLINE], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    missing = ("NVVM", "libnvvm", "libnvrtc", "DynamicLibNotFoundError", "not found: pip install",
+               "nvdisasm")
+    if res.returncode != 0 and any(word in res.stderr for word in missing):
+        pytest.skip("offline CUDA tools not available: " + res.stderr.strip().splitlines()[-1])
+    assert res.returncode == 0, res.stderr[-2000:]
+    n_dmma, n_tf32, ldl_d, ldl_t = (int(x) for x in res.stdout.split())
+    assert n_dmma == 1 and n_tf32 == 3 and ldl_d == 0 and ldl_t == 0, res.stdout
