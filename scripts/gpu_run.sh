@@ -1,0 +1,36 @@
+# One step of a GPU verification round, sized to fit one device call (10 minutes). Run from the
+# repository root on the GPU machine (the device tool: carry .whl/, see scripts/gpu_prelude.sh):
+#
+#   bash scripts/gpu_run.sh tests      # the whole suite with xdist, log in $OUT/gpu_tests.log
+#   bash scripts/gpu_run.sh sanitize   # compute-sanitizer memcheck + racecheck of the drivers
+#   bash scripts/gpu_run.sh bench      # launch overhead, backward, forward quick, decode quick
+#
+# Every step writes its raw output under $OUT (default ./out) and prints a short tail.
+set -uo pipefail
+source scripts/gpu_prelude.sh || exit 1
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+case "${1:-}" in
+  tests)
+    timeout 540 python -m pytest -q -n 16 -p no:cacheprovider tests 2>&1 \
+      | tee "$OUT/gpu_tests.log" | tail -25 ;;
+  sanitize)
+    for tool in memcheck racecheck; do
+      for driver in sanitize_decode.py sanitize_case.py; do
+        echo "== $tool $driver"
+        timeout 240 compute-sanitizer --tool "$tool" --report-api-errors no \
+          python "scripts/$driver" > "$OUT/sanitize_${tool}_${driver%.py}.log" 2>&1
+        echo "exit $?"; tail -3 "$OUT/sanitize_${tool}_${driver%.py}.log"
+      done
+    done ;;
+  bench)
+    timeout 150 python scripts/bench_overhead.py --calls 100 --json "$OUT/overhead.json" | tail -20
+    timeout 200 python scripts/bench_backward.py --quick --no-flex --json "$OUT/backward.json" \
+      | tail -12
+    timeout 120 python scripts/bench_forward.py --quick --no-naive --out "$OUT/forward.json" \
+      --plot "$OUT/forward.png" | tail -6
+    timeout 120 python scripts/bench_decode.py --quick --out "$OUT/decode.json" \
+      --plot "$OUT/decode.png" | tail -8 ;;
+  *)
+    echo "usage: bash scripts/gpu_run.sh tests|sanitize|bench" >&2; exit 2 ;;
+esac
