@@ -2,7 +2,8 @@
 # repository root on the GPU machine (the device tool: carry .whl/, see scripts/gpu_prelude.sh):
 #
 #   bash scripts/gpu_run.sh tests      # the whole suite with xdist, log in $OUT/gpu_tests.log
-#   bash scripts/gpu_run.sh sanitize   # compute-sanitizer memcheck + racecheck of the drivers
+#   bash scripts/gpu_run.sh memcheck   # compute-sanitizer memcheck of the sanitizer drivers
+#   bash scripts/gpu_run.sh racecheck  # the same with racecheck
 #   bash scripts/gpu_run.sh bench      # launch overhead, backward, forward quick, decode quick
 #
 # Every step writes its raw output under $OUT (default ./out) and prints a short tail.
@@ -14,14 +15,12 @@ case "${1:-}" in
   tests)
     timeout 540 python -m pytest -q -n 16 -p no:cacheprovider tests 2>&1 \
       | tee "$OUT/gpu_tests.log" | tail -25 ;;
-  sanitize)
-    for tool in memcheck racecheck; do
-      for driver in sanitize_decode.py sanitize_case.py; do
-        echo "== $tool $driver"
-        timeout 240 compute-sanitizer --tool "$tool" --report-api-errors no \
-          python "scripts/$driver" > "$OUT/sanitize_${tool}_${driver%.py}.log" 2>&1
-        echo "exit $?"; tail -3 "$OUT/sanitize_${tool}_${driver%.py}.log"
-      done
+  memcheck|racecheck)
+    for driver in sanitize_decode.py sanitize_case.py; do
+      echo "== $1 $driver"
+      timeout 270 compute-sanitizer --tool "$1" --report-api-errors no \
+        python "scripts/$driver" > "$OUT/sanitize_${1}_${driver%.py}.log" 2>&1
+      echo "exit $?"; tail -3 "$OUT/sanitize_${1}_${driver%.py}.log"
     done ;;
   bench)
     timeout 150 python scripts/bench_overhead.py --calls 100 --json "$OUT/overhead.json" | tail -20
@@ -32,5 +31,5 @@ case "${1:-}" in
     timeout 120 python scripts/bench_decode.py --quick --out "$OUT/decode.json" \
       --plot "$OUT/decode.png" | tail -8 ;;
   *)
-    echo "usage: bash scripts/gpu_run.sh tests|sanitize|bench" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_run.sh tests|memcheck|racecheck|bench" >&2; exit 2 ;;
 esac
