@@ -1,0 +1,109 @@
+"""The repeated-call path's bookkeeping (numba_flash/cuda/launch/fastpath.py), without a GPU:
+signatures, identity guards, the device and alignment checks, pointer order. Arrays are
+stand-ins that look like torch tensors to the signature readers; the plan is a recorder."""
+from __future__ import annotations
+
+import pytest
+
+from numba_flash.cuda.launch import fastpath
+
+
+class FakeTensor:
+    """Reads like a torch tensor to fastpath (shape, stride(), dtype, get_device(), data_ptr())."""
+
+    def __init__(self, shape, ptr, dtype="float16", device=0):
+        self.shape, self._ptr, self.dtype, self._device = tuple(shape), ptr, dtype, device
+
+    def stride(self):
+        strides, acc = [], 1
+        for n in reversed(self.shape):
+            strides.insert(0, acc)
+            acc *= n
+        return tuple(strides)
+
+    def get_device(self):
+        return self._device
+
+    def data_ptr(self):
+        return self._ptr
+
+
+FakeTensor.__module__ = "torch.fake"
+
+
+class RecordingPlan:
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, pointers, stream):
+        self.calls.append((list(pointers), stream))
+
+
+@pytest.fixture
+def call(monkeypatch):
+    """A FastCall on a recording plan; outputs are FakeTensors at fixed addresses."""
+    outputs = iter(range(0x9000, 0x10000, 0x100))
+
+    def allocators(kind, like, out_shape, out_dtype, lse_shape, fill):
+        new = lambda: FakeTensor(out_shape, next(outputs))  # noqa: E731
+        lse = (lambda: FakeTensor(lse_shape, next(outputs), "float32")) if lse_shape else None
+        return new, lse, (lambda: 77)
+
+    monkeypatch.setattr(fastpath, "_allocators", allocators)
+    monkeypatch.setattr(fastpath, "current_device", lambda: 0)
+    like = FakeTensor((1, 8, 2, 64), 0x1000)
+    mask = object()
+    return fastpath.FastCall(RecordingPlan(), "torch", like, 0, (1, 8, 2, 64), "float16",
+                             (1, 2, 8), False, (), True, guards=(mask, None)), mask
+
+
+def test_signature_covers_geometry_and_keywords():
+    q, k = FakeTensor((1, 8, 2, 64), 0x1000), FakeTensor((1, 9, 1, 64), 0x2000)
+    base = fastpath.call_key("attention", (q, k, k), (0.125, True, (-1, -1)))
+    assert base == fastpath.call_key("attention", (FakeTensor((1, 8, 2, 64), 0x5000), k, k),
+                                     (0.125, True, [-1, -1]))       # pointers and list vs tuple
+    assert base != fastpath.call_key("attention", (q, k, k), (0.125, False, (-1, -1)))
+    assert base != fastpath.call_key("attention", (FakeTensor((1, 8, 2, 64), 0, "bfloat16"),
+                                                   k, k), (0.125, True, (-1, -1)))
+    assert base != fastpath.call_key("attention", (FakeTensor((1, 8, 2, 64), 0, device=1),
+                                                   k, k), (0.125, True, (-1, -1)))
+    assert fastpath.call_key("attention", (object(), k, k), ()) is None   # no cheap signature
+
+
+def test_run_writes_pointers_in_order_and_uses_the_stream(call):
+    fast, mask = call
+    q, k, v = (FakeTensor((1, 8, 2, 64), p) for p in (0x1000, 0x2000, 0x3000))
+    out, lse = fast.run((q, k, v), (), (mask, None), None)
+    pointers, stream = fast.plan.calls[-1]
+    assert pointers == [0x1000, 0x2000, 0x3000, out.data_ptr(), lse.data_ptr()]
+    assert stream == 77                                   # the library's current stream
+    fast.run((q, k, v), (), (mask, None), 5)
+    assert fast.plan.calls[-1][1] == 5                    # an explicit raw handle
+
+
+def test_run_refuses_what_the_full_path_must_see(call, monkeypatch):
+    fast, mask = call
+    q, k, v = (FakeTensor((1, 8, 2, 64), p) for p in (0x1000, 0x2000, 0x3000))
+    assert fast.run((q, k, v), (), (object(), None), None) is None     # another mask object
+    misaligned = FakeTensor((1, 8, 2, 64), 0x1002)
+    assert fast.run((misaligned, k, v), (), (mask, None), None) is None   # the full path raises
+    monkeypatch.setattr(fastpath, "current_device", lambda: 1)
+    assert fast.run((q, k, v), (), (mask, None), None) is None         # another device current
+    assert fast.plan.calls == []
+
+
+def test_order_permutes_pointers_for_the_plan(call):
+    fast, mask = call
+    fast.order = [0, 1, 2, 5, 3, 4]          # e.g. decode: q, k, v, block_table, out, lse
+    q, k, v = (FakeTensor((1, 8, 2, 64), p) for p in (0x1000, 0x2000, 0x3000))
+    table = FakeTensor((1, 4), 0x4000, "int32")
+    out, lse = fast.run((q, k, v), (table,), (mask, None), None)
+    assert fast.plan.calls[-1][0] == [0x1000, 0x2000, 0x3000, 0x4000, out.data_ptr(),
+                                      lse.data_ptr()]
+
+
+def test_tables_are_bounded():
+    table = fastpath.fast_table("test-bounded")
+    for i in range(fastpath._MAX_ENTRIES + 5):
+        fastpath.register_fast(table, i, object())
+    assert len(table) <= fastpath._MAX_ENTRIES
