@@ -19,6 +19,7 @@ import numpy as np
 from numba.cuda import types
 
 from ..kernels import forward_geometry as geometry
+from ..kernels.forward_dmma import DMMA_BLOCK_M, DMMA_THREADS, dmma_supported, make_dmma_kernel
 from ..kernels.forward_fma import make_fma_kernel
 from ..kernels.forward_mma import make_mma_kernel
 from ..kernels.masking import NONE
@@ -34,7 +35,7 @@ from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
 
 __all__ = ["attention_cuda", "attention_fast", "window_flags", "kernel_for", "tile_shape",
-           "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED",
+           "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED", "DMMA_ENABLED",
            "dynamic_smem_bytes", "compiled_kernel_count"]
 
 _KERNELS: dict = {}
@@ -45,6 +46,9 @@ LOG2E = 1.0 / math.log(2.0)
 # NUMBA_FLASH_WGMMA=0 (read once, at import) keeps compute-capability 9.0 devices on the
 # mma.sync path, for comparisons; by default they take wgmma at head_dim 64 and 128.
 WGMMA_ENABLED = os.environ.get("NUMBA_FLASH_WGMMA", "1") != "0"
+# The float64 DMMA kernel (kernels/forward_dmma.py) for plain float64 calls: off until it has
+# been checked and measured on a GPU (simulator and offline SASS only so far; tests turn it on).
+DMMA_ENABLED = False
 
 
 def wgmma_device() -> bool:
@@ -83,9 +87,15 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
                varlen: bool = False, has_alibi: bool = False, mask_mod=None, score_mod=None):
     """The (cached) kernel and its launch geometry (block_m, threads) for one configuration."""
     wg = _wgmma(dtype_name, head_dim)
+    dmma = (DMMA_ENABLED and dtype_name == "float64" and dmma_supported(head_dim)
+            and mask_kind == NONE and not varlen and not has_alibi and score_mod is None)
     key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
-           mask_kind, varlen, has_alibi, mask_mod, wg, score_mod)
+           mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma)
     entry = _KERNELS.get(key)
+    if entry is None and dmma:
+        entry = _KERNELS[key] = (make_dmma_kernel(head_dim, has_left, has_right, has_sinks,
+                                                  has_softcap, write_lse),
+                                 DMMA_BLOCK_M, DMMA_THREADS)
     if entry is None:
         extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod,
                      score_mod=score_mod)
