@@ -21,6 +21,8 @@ from numba.cuda import types
 from ..kernels import forward_geometry as geometry
 from ..kernels.forward_dmma import DMMA_BLOCK_M, DMMA_THREADS, dmma_supported, make_dmma_kernel
 from ..kernels.forward_fma import make_fma_kernel
+from ..kernels.forward_tf32x3 import (TF32_BLOCK_M, TF32_THREADS, make_tf32x3_kernel,
+                                      tf32x3_supported)
 from ..kernels.forward_mma import make_mma_kernel
 from ..kernels.masking import NONE
 from ..primitives import SIMULATOR
@@ -36,6 +38,7 @@ from .streams import numba_stream, raw_stream_handle
 
 __all__ = ["attention_cuda", "attention_fast", "window_flags", "kernel_for", "tile_shape",
            "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED", "DMMA_ENABLED",
+           "TF32X3_ENABLED",
            "dynamic_smem_bytes", "compiled_kernel_count"]
 
 _KERNELS: dict = {}
@@ -49,6 +52,8 @@ WGMMA_ENABLED = os.environ.get("NUMBA_FLASH_WGMMA", "1") != "0"
 # The float64 DMMA kernel (kernels/forward_dmma.py) for plain float64 calls: off until it has
 # been checked and measured on a GPU (simulator and offline SASS only so far; tests turn it on).
 DMMA_ENABLED = False
+# The float32 3xTF32 kernel (kernels/forward_tf32x3.py), likewise off until measured on a GPU.
+TF32X3_ENABLED = False
 
 
 def wgmma_device() -> bool:
@@ -89,9 +94,15 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
     wg = _wgmma(dtype_name, head_dim)
     dmma = (DMMA_ENABLED and dtype_name == "float64" and dmma_supported(head_dim)
             and mask_kind == NONE and not varlen and not has_alibi and score_mod is None)
+    tf32 = (TF32X3_ENABLED and dtype_name == "float32" and tf32x3_supported(head_dim)
+            and mask_kind == NONE and not varlen and not has_alibi and score_mod is None)
     key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
-           mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma)
+           mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma, tf32)
     entry = _KERNELS.get(key)
+    if entry is None and tf32:
+        entry = _KERNELS[key] = (make_tf32x3_kernel(head_dim, has_left, has_right, has_sinks,
+                                                    has_softcap, write_lse),
+                                 TF32_BLOCK_M, TF32_THREADS)
     if entry is None and dmma:
         entry = _KERNELS[key] = (make_dmma_kernel(head_dim, has_left, has_right, has_sinks,
                                                   has_softcap, write_lse),

@@ -1,0 +1,220 @@
+"""Tiled FlashAttention-2 forward in float32 on the TF32 tensor cores with error compensation
+(3xTF32, as in CUTLASS): every product ``a b`` is ``a_hi b_hi + a_hi b_lo + a_lo b_hi`` with
+``a = a_hi + a_lo`` split into two TF32 numbers (primitives/mma_exact.py ``split_tf32``) and
+fp32 accumulation, which keeps float32-level accuracy at tensor-core rate. Flags only (causal,
+window, sinks, softcap) and GQA; mask objects, packed batches, ALiBi and score_mod stay on the
+CUDA-core kernel.
+
+A block of 4 warps owns 64 query rows, a warp 16 (one ``m16n8k8`` m-tile). Q's A fragments
+(``Q[g, kk*8 + t]``, ``Q[g + 8, ...]``, columns ``+ 4``) sit in registers as float32 and are
+split per k-step; K and V tiles of ``BN`` keys go to shared memory by cp.async (rows padded by
+4 floats). Per tile: S = Q K^T (B fragment ``K[n*8 + g, kk*8 + t (+ 4)]``), the online softmax
+on the accumulator fragment (lane (g, t): rows g and g + 8, columns 2t, 2t + 1 of each 8-key
+n-tile; a row's 4 lanes combine by shuffles), P staged through the warp's shared buffer into A
+fragments, then O += P V (B fragment ``V[kk*8 + t (+ 4), n*8 + g]``).
+
+Kernel signature: the CUDA-core kernel's (forward_fma.make_fma_kernel); the mask / varlen /
+ALiBi arguments are never read. Grid (ceil(Sq / 64), B * Hq), 128 threads.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+from numba.cuda import types
+
+from ..primitives import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, mma_tf32,
+                          shfl_xor, split_tf32, syncwarp)
+from .jitcache import jit_kernel
+from .masking import key_tiles
+
+__all__ = ["make_tf32x3_kernel", "tf32x3_supported", "TF32_BLOCK_M", "TF32_THREADS",
+           "TF32_BLOCK_N"]
+
+TF32_BLOCK_M = 64
+TF32_THREADS = 128
+TF32_BLOCK_N = 16
+_PAD = 4
+
+
+def tf32x3_supported(head_dim: int) -> bool:
+    """Head dims of the 3xTF32 kernel: Q fragments, the output accumulator and the split
+    operands of one lane fit the registers at 32 and 64 (offline sm_90: 125 / 221 registers, no
+    local memory); at 96 / 128 they spill (60 / 492 bytes), so those stay on the CUDA-core
+    kernel until Q moves to shared memory."""
+    return head_dim in (32, 64)
+
+
+@cuda.jit(device=True, inline=True)
+def mma3(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """c + a b in 3xTF32: the two small cross terms first, then hi x hi."""
+    a0h, a0l = split_tf32(a0)
+    a1h, a1l = split_tf32(a1)
+    a2h, a2l = split_tf32(a2)
+    a3h, a3l = split_tf32(a3)
+    b0h, b0l = split_tf32(b0)
+    b1h, b1l = split_tf32(b1)
+    c0, c1, c2, c3 = mma_tf32(a0l, a1l, a2l, a3l, b0h, b1h, c0, c1, c2, c3)
+    c0, c1, c2, c3 = mma_tf32(a0h, a1h, a2h, a3h, b0l, b1l, c0, c1, c2, c3)
+    return mma_tf32(a0h, a1h, a2h, a3h, b0h, b1h, c0, c1, c2, c3)
+
+
+def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
+                       has_softcap: bool, write_lse: bool):
+    """Build the 3xTF32 forward kernel for one configuration (module docstring): q, k, v, out
+    float32 (B, S, H, D) any strides; lse float32 (B, Hq, Sq) when ``write_lse``."""
+    D = int(head_dim)
+    if not tf32x3_supported(D):
+        raise ValueError(f"head_dim must be 32 or 64 for the 3xTF32 kernel, got {D}")
+    KS, ND = D // 8, D // 8              # k-steps of Q K^T; n-tiles of the output
+    BN, BM, NT = TF32_BLOCK_N, TF32_BLOCK_M, TF32_THREADS
+    NS, KP = BN // 8, BN // 8            # n-tiles of S; k-steps of P V
+    DP = D + _PAD
+    CPR = D // 4                         # 16-byte copies per K / V row
+    COPIES = BN * CPR // NT
+    QN, SN, ON = 4 * KS, 4 * NS, 4 * ND      # registers per lane: Q fragments, S, O
+    f32 = types.float32
+    NEG_INF = -math.inf
+    ZERO = np.float32(0.0)
+
+    def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
+               window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
+        qtile = cuda.gridDim.x - 1 - cuda.blockIdx.x
+        b = cuda.blockIdx.y // q.shape[2]
+        h = cuda.blockIdx.y % q.shape[2]
+        hk = h // heads_ratio
+        tid = cuda.threadIdx.x
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        if SIMULATOR:
+            ks = cuda.shared.array((BN, DP), f32)
+            vs = cuda.shared.array((BN, DP), f32)
+        else:
+            ks = cuda.shared.array((BN, DP), f32, alignment=16)
+            vs = cuda.shared.array((BN, DP), f32, alignment=16)
+        ps = cuda.shared.array((4, 16, BN), f32)
+        qf = cuda.local.array(QN, f32)
+        s = cuda.local.array(SN, f32)
+        o = cuda.local.array(ON, f32)
+        row0 = qtile * BM + warp * 16 + g
+        shift = seqlen_k - seqlen_q
+        for kk in range(KS):
+            for i in range(4):               # a0..a3: rows g, g + 8; columns t, t + 4
+                r = row0 + 8 * (i & 1)
+                qf[4 * kk + i] = q[b, r, h, kk * 8 + t + 4 * (i >> 1)] if r < seqlen_q else ZERO
+        for e in range(ON):
+            o[e] = ZERO
+        m0 = m1 = np.float32(NEG_INF)
+        l0 = l1 = ZERO
+        q_lo = qtile * BM + shift
+        q_hi = min(qtile * BM + BM, seqlen_q) - 1 + shift
+        tile_lo, tile_hi, tile, last, sink_tiles = key_tiles(
+            q_lo, q_hi, seqlen_k, BN, has_left, has_right, has_sinks, window_left, window_right,
+            sinks)
+        if has_sinks and tile >= sink_tiles and tile < tile_lo:
+            tile = tile_lo
+        while tile <= last:
+            k0 = tile * BN
+            cuda.syncthreads()
+            for c in range(COPIES):
+                i = c * NT + tid
+                r = i // CPR
+                col = (i - r * CPR) * 4
+                ok = k0 + r < seqlen_k
+                src = k0 + r if ok else 0
+                cp_async16(ks, r, col, k, b, src, hk, col, 16 if ok else 0)
+                cp_async16(vs, r, col, v, b, src, hk, col, 16 if ok else 0)
+            cp_async_commit()
+            cp_async_wait_all()
+            cuda.syncthreads()
+            for e in range(SN):
+                s[e] = ZERO
+            for n in range(NS):              # S = Q K^T
+                for kk in range(KS):
+                    s[4 * n], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3] = mma3(
+                        qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3],
+                        ks[n * 8 + g, kk * 8 + t], ks[n * 8 + g, kk * 8 + t + 4],
+                        s[4 * n], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3])
+            mx0 = mx1 = np.float32(NEG_INF)
+            for n in range(NS):              # scale, softcap, mask; each row's max
+                for e in range(4):
+                    key = k0 + n * 8 + 2 * t + (e & 1)
+                    qpos = row0 + 8 * (e >> 1) + shift
+                    x = s[4 * n + e]
+                    if has_softcap:
+                        x = cap_out * math.tanh(cap_in * x)
+                    else:
+                        x = scale * x
+                    vis = key < seqlen_k
+                    if has_left:
+                        wv = key >= qpos - window_left
+                    else:
+                        wv = True
+                    if has_right:
+                        wv = wv and key <= qpos + window_right
+                    if has_sinks:
+                        wv = wv or (key < sinks and key <= qpos)
+                    if not (vis and wv):
+                        x = np.float32(NEG_INF)
+                    s[4 * n + e] = x
+                    if e < 2:
+                        mx0 = max(mx0, x)
+                    else:
+                        mx1 = max(mx1, x)
+            mx0 = max(mx0, shfl_xor(mx0, 1))
+            mx0 = max(mx0, shfl_xor(mx0, 2))
+            mx1 = max(mx1, shfl_xor(mx1, 1))
+            mx1 = max(mx1, shfl_xor(mx1, 2))
+            n0, n1 = max(m0, mx0), max(m1, mx1)
+            mu0 = n0 if n0 != NEG_INF else ZERO
+            mu1 = n1 if n1 != NEG_INF else ZERO
+            alpha0, alpha1 = math.exp(m0 - mu0), math.exp(m1 - mu1)
+            m0, m1 = n0, n1
+            rs0 = rs1 = ZERO
+            for n in range(NS):              # P, staged for the A fragments of P V
+                for e in range(4):
+                    p = math.exp(s[4 * n + e] - (mu0 if e < 2 else mu1))
+                    if e < 2:
+                        rs0 += p
+                    else:
+                        rs1 += p
+                    ps[warp, g + 8 * (e >> 1), n * 8 + 2 * t + (e & 1)] = p
+            rs0 += shfl_xor(rs0, 1)
+            rs0 += shfl_xor(rs0, 2)
+            rs1 += shfl_xor(rs1, 1)
+            rs1 += shfl_xor(rs1, 2)
+            l0 = l0 * alpha0 + rs0
+            l1 = l1 * alpha1 + rs1
+            for n in range(ND):
+                o[4 * n] *= alpha0
+                o[4 * n + 1] *= alpha0
+                o[4 * n + 2] *= alpha1
+                o[4 * n + 3] *= alpha1
+            syncwarp()
+            for kk in range(KP):             # O += P V
+                a0, a1 = ps[warp, g, kk * 8 + t], ps[warp, g + 8, kk * 8 + t]
+                a2, a3 = ps[warp, g, kk * 8 + t + 4], ps[warp, g + 8, kk * 8 + t + 4]
+                for n in range(ND):
+                    o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3] = mma3(
+                        a0, a1, a2, a3, vs[kk * 8 + t, n * 8 + g], vs[kk * 8 + t + 4, n * 8 + g],
+                        o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3])
+            syncwarp()
+            nxt = tile + 1
+            if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
+                nxt = tile_lo
+            tile = nxt
+        for half in range(2):
+            row = row0 + 8 * half
+            l = l0 if half == 0 else l1
+            if row < seqlen_q:
+                inv = np.float32(1.0) / l if l != 0 else ZERO
+                for n in range(ND):
+                    out[b, row, h, n * 8 + 2 * t] = o[4 * n + 2 * half] * inv
+                    out[b, row, h, n * 8 + 2 * t + 1] = o[4 * n + 2 * half + 1] * inv
+                if write_lse and t == 0:
+                    mrow = m0 if half == 0 else m1
+                    lse[b, h, row] = mrow + math.log(l) if l != 0 else np.float32(NEG_INF)
+
+    return jit_kernel(kernel, ("tf32x3", D, bool(has_left), bool(has_right), bool(has_sinks),
+                               bool(has_softcap), bool(write_lse)))
