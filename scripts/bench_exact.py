@@ -3,6 +3,12 @@ numba-flash's CUDA-core kernels against PyTorch SDPA's memory-efficient backend 
 fused float64 attention exists in PyTorch, its math backend is timed instead) and naive CuPy
 (matmul, softmax, matmul in the same dtype). Prints a table, writes JSON.
 
+With ``--tensor-cores`` each row also times the tensor-core kernels of issue 21 (float64 on
+DMMA, float32 in 3xTF32; kernels/forward_dmma.py, forward_tf32x3.py), turned on for that timing
+only, and reports both paths' max error against a float64 computation of the same inputs (the
+oracle: naive float64 attention on the GPU). Head dims those kernels do not take run the
+CUDA-core kernel in both columns ("tc kernel" says which ran).
+
     python scripts/bench_exact.py --out bench_exact.json [--shape B,H,N,D ...]
 
 TFLOP/s counts 4 * B * H * N^2 * D (half for causal), as scripts/bench_forward.py.
@@ -24,6 +30,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_exact.json")
     ap.add_argument("--shape", action="append", default=None, metavar="B,H,N,D")
+    ap.add_argument("--tensor-cores", action="store_true",
+                    help="also time the DMMA / 3xTF32 kernels and compare errors")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -60,14 +68,46 @@ def main():
                 naive = naive_attention(q, k, v, causal)
                 t = time_ms(naive, reps=5, warmup=1)
                 row.update(naive_ms=t, speedup_vs_naive=t / ms)
+                if args.tensor_cores:
+                    row.update(tensor_core_row(q, k, v, causal, fl))
                 cp.get_default_memory_pool().free_all_blocks()
                 rows.append(row)
                 print(f"{str((b, h, n, d)):20} {dtype:8} {'causal' if causal else 'full':7} "
                       f"{ms:8.3f} {row['ours_tflops']:6.2f} {row.get('sdpa_ms', float('nan')):8.3f} "
                       f"{row.get('ratio_vs_sdpa', float('nan')):7.2f} {row['naive_ms']:9.3f} "
-                      f"{row['speedup_vs_naive']:8.2f}", flush=True)
+                      f"{row['speedup_vs_naive']:8.2f}"
+                      + (f"   tc {row['tc_kernel']:6s} {row['tc_ms']:8.3f} ms "
+                         f"x ieee {row['tc_speedup']:5.2f}  err ieee {row['err_ieee']:.1e} "
+                         f"tc {row['err_tc']:.1e}" if args.tensor_cores else ""), flush=True)
     with open(args.out, "w") as f:
         json.dump(dict(device=dev, date=datetime.date.today().isoformat(), rows=rows), f, indent=1)
+
+
+def tensor_core_row(q, k, v, causal, fl):
+    """Timing and max error of the IEEE kernel and of the tensor-core kernel for one row."""
+    from numba_flash.cuda.launch import attention as runtime
+
+    d = q.shape[-1]
+    exact = naive_attention(*(x.astype(cp.float64) for x in (q, k, v)), causal)()
+    exact = exact.transpose(0, 2, 1, 3)       # the naive peer's (B, H, N, D) -> (B, N, H, D)
+
+    def run():
+        return runtime.attention_cuda(q, k, v, softmax_scale=d ** -0.5, causal=causal)
+
+    err_ieee = float(cp.abs(run().astype(cp.float64) - exact).max())
+    flag = "DMMA_ENABLED" if q.dtype == cp.float64 else "TF32X3_ENABLED"
+    setattr(runtime, flag, True)
+    try:
+        name = runtime.kernel_for(str(q.dtype), d, False, causal, False, False, False)[0]
+        kernel = getattr(name, "py_func", name).__qualname__
+        tc_kind = "dmma" if "dmma" in kernel else "tf32x3" if "tf32x3" in kernel else "ieee"
+        err_tc = float(cp.abs(run().astype(cp.float64) - exact).max())
+        ms_tc = time_ms(run, reps=10)
+    finally:
+        setattr(runtime, flag, False)
+    ms = time_ms(run, reps=10)
+    return dict(tc_kernel=tc_kind, tc_ms=ms_tc, tc_tflops=fl / ms_tc / 1e9, ieee_direct_ms=ms,
+                tc_speedup=ms / ms_tc, err_ieee=err_ieee, err_tc=err_tc)
 
 
 if __name__ == "__main__":

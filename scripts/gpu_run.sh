@@ -28,6 +28,8 @@ case "${1:-}" in
       | tail -12
     timeout 120 python scripts/bench_forward.py --quick --no-naive --out "$OUT/forward.json" \
       --plot "$OUT/forward.png" | tail -6
+    (cd scripts && timeout 150 python bench_exact.py --tensor-cores --shape 2,16,2048,64 \
+      --out "$OUT/exact.json") | tail -6
     timeout 120 python scripts/bench_decode.py --quick --out "$OUT/decode.json" \
       --plot "$OUT/decode.png" | tail -8 ;;
   *)
