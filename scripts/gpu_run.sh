@@ -4,7 +4,8 @@
 #   bash scripts/gpu_run.sh tests      # the whole suite with xdist, log in $OUT/gpu_tests.log
 #   bash scripts/gpu_run.sh memcheck   # compute-sanitizer memcheck of the sanitizer drivers
 #   bash scripts/gpu_run.sh racecheck  # the same with racecheck
-#   bash scripts/gpu_run.sh bench      # launch overhead, backward, forward quick, decode quick
+#   bash scripts/gpu_run.sh bench      # launch overhead, backward, forward quick
+#   bash scripts/gpu_run.sh bench2     # exact precisions with the tensor-core kernels, decode
 #
 # Every step writes its raw output under $OUT (default ./out) and prints a short tail.
 set -uo pipefail
@@ -27,11 +28,12 @@ case "${1:-}" in
     timeout 200 python scripts/bench_backward.py --quick --no-flex --json "$OUT/backward.json" \
       | tail -12
     timeout 120 python scripts/bench_forward.py --quick --no-naive --out "$OUT/forward.json" \
-      --plot "$OUT/forward.png" | tail -6
+      --plot "$OUT/forward.png" | tail -6 ;;
+  bench2)
     (cd scripts && timeout 150 python bench_exact.py --tensor-cores --shape 2,16,2048,64 \
       --out "$OUT/exact.json") | tail -6
     timeout 120 python scripts/bench_decode.py --quick --out "$OUT/decode.json" \
       --plot "$OUT/decode.png" | tail -8 ;;
   *)
-    echo "usage: bash scripts/gpu_run.sh tests|memcheck|racecheck|bench" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_run.sh tests|memcheck|racecheck|bench|bench2" >&2; exit 2 ;;
 esac
