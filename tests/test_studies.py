@@ -265,3 +265,12 @@ def test_gpu_rows_are_reported_and_plotted(name):
         assert any("GPU bf16 not measured: TypeError: stub: no bfloat16" in line
                    for line in lines)
     module.plot(rows, cfg)
+
+
+def test_tf32_compensation_keeps_float32_accuracy(tmp_path_factory):
+    """3xTF32 products stay within 2x the IEEE float32 error (issue 21's rule); one plain TF32
+    product is orders of magnitude worse."""
+    h = tiny("tf32", tmp_path_factory).headline
+    for axis in ("seqlen", "logit_scale"):
+        assert h[f"{axis}_3xtf32_over_ieee_max"] <= 2.0, h
+        assert h[f"{axis}_tf32_over_ieee_min"] >= 50.0, h

@@ -31,6 +31,7 @@ STUDIES = {
     "split_kv": "split-KV merge: error against the number of splits, tree vs sequential order",
     "sinks": "does processing attention-sink tokens first stabilise the online softmax?",
     "p_precision": "precision of P in the PV product: fp16 vs bf16 P against fp32 P",
+    "tf32": "float32 attention on TF32 tensor cores: plain TF32 and 3xTF32 against IEEE fp32",
 }
 
 SIZES = ("full", "tiny")
