@@ -9,6 +9,7 @@ import pytest
 from numba_flash.cuda.launch import attention as launch
 from numba_flash_reference.attention import attention as reference
 
+from offline_sass import run_offline
 from gpu_arrays import no_repeat_path, to_device, to_host
 
 
@@ -69,18 +70,7 @@ for d in (64, 128):
 def test_offline_sass_is_dmma_without_local_memory():
     """Every product is a DMMA.884 (head_dim / 4 k-steps x 2 n-tiles for S, 4 k-steps x head_dim
     / 8 n-tiles for P V), with no local memory. Needs the offline CUDA tools (skipped in CI)."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.join(os.path.dirname(__file__), "..")
-    res = subprocess.run([sys.executable, "-c", _OFFLINE], cwd=root, capture_output=True,
-                         text=True, timeout=600, env=dict(os.environ, NUMBA_ENABLE_CUDASIM="0"))
-    missing = ("NVVM", "libnvvm", "libnvrtc", "DynamicLibNotFoundError", "not found: pip install",
-               "nvdisasm")
-    if res.returncode != 0 and any(word in res.stderr for word in missing):
-        pytest.skip("offline CUDA tools not available: " + res.stderr.strip().splitlines()[-1])
-    assert res.returncode == 0, res.stderr[-2000:]
-    for line in res.stdout.strip().splitlines():
+    lines = run_offline(_OFFLINE)
+    for line in lines:
         d, n_dmma, n_ldl, spills = (int(x) for x in line.split())
         assert n_dmma == d // 4 * 2 + 4 * d // 8 and n_ldl == 0 and spills == 0, line

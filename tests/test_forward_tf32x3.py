@@ -10,6 +10,7 @@ import pytest
 from numba_flash.cuda.launch import attention as launch
 from numba_flash_reference.attention import attention as reference
 
+from offline_sass import run_offline
 from gpu_arrays import no_repeat_path, to_device, to_host
 
 CASES = [  # b, sq, sk, hq, hkv, d, options
@@ -59,18 +60,7 @@ def test_offline_sass_is_tf32_mma_without_local_memory():
     """The products are TF32 HMMAs (three per product; ptxas may keep part of a k-loop rolled,
     so the static count is a multiple of 3, not the unrolled total), with no local memory.
     Needs the offline CUDA tools (skipped in CI)."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.join(os.path.dirname(__file__), "..")
-    res = subprocess.run([sys.executable, "-c", _OFFLINE], cwd=root, capture_output=True,
-                         text=True, timeout=600, env=dict(os.environ, NUMBA_ENABLE_CUDASIM="0"))
-    missing = ("NVVM", "libnvvm", "libnvrtc", "DynamicLibNotFoundError", "not found: pip install",
-               "nvdisasm")
-    if res.returncode != 0 and any(word in res.stderr for word in missing):
-        pytest.skip("offline CUDA tools not available: " + res.stderr.strip().splitlines()[-1])
-    assert res.returncode == 0, res.stderr[-2000:]
-    for line in res.stdout.strip().splitlines():
+    lines = run_offline(_OFFLINE)
+    for line in lines:
         d, n_mma, n_ldl, spills, _ = (int(x) for x in line.split())
         assert n_mma > 0 and n_mma % 3 == 0 and n_ldl == 0 and spills == 0, line

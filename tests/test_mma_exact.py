@@ -4,15 +4,13 @@ fragment layouts, and the 3xTF32 split recovering float32 accuracy. Kernels run 
 the simulator; the offline test checks the instructions ptxas emits for sm_90."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from numba import cuda
 
 from numba_flash.cuda.primitives import SIMULATOR, mma_f64, mma_tf32, split_tf32
+from offline_sass import run_offline
 from gpu_arrays import to_device, to_host
 
 
@@ -98,14 +96,6 @@ print(d["sass"].count("DMMA"), s["sass"].count("HMMA.1688.F32.TF32"), d["n_ldl"]
 def test_offline_sass_has_dmma_and_tf32_instructions():
     """ptxas turns the intrinsics into DMMA.884 and HMMA.1688.F32.TF32 for sm_90, with no local
     memory. Needs NVVM, NVRTC and ptxas (skipped where they are missing, as in CI)."""
-    root = os.path.join(os.path.dirname(__file__), "..")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    res = subprocess.run([sys.executable, "-c", _OFFLINE], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=600)
-    missing = ("NVVM", "libnvvm", "libnvrtc", "DynamicLibNotFoundError", "not found: pip install",
-               "nvdisasm")
-    if res.returncode != 0 and any(word in res.stderr for word in missing):
-        pytest.skip("offline CUDA tools not available: " + res.stderr.strip().splitlines()[-1])
-    assert res.returncode == 0, res.stderr[-2000:]
-    n_dmma, n_tf32, ldl_d, ldl_t = (int(x) for x in res.stdout.split())
-    assert n_dmma == 1 and n_tf32 == 3 and ldl_d == 0 and ldl_t == 0, res.stdout
+    lines = run_offline(_OFFLINE)
+    n_dmma, n_tf32, ldl_d, ldl_t = (int(x) for x in lines[-1].split())
+    assert n_dmma == 1 and n_tf32 == 3 and ldl_d == 0 and ldl_t == 0, lines

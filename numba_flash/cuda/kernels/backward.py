@@ -40,7 +40,7 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (SIMULATOR, exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shfl_xor,
+from ..primitives import (exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shfl_xor,
                           unpack16)
 from .jitcache import jit_kernel
 from .masking import INTERVALS, NONE, key_tiles

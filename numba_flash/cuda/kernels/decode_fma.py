@@ -35,7 +35,7 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import SIMULATOR, exp2, ld_v4, pack16, shfl_xor, unpack16
+from ..primitives import exp2, ld_v4, pack16, shfl_xor, unpack16
 from .decode_split import cache_slot, split_keys
 from .jitcache import jit_kernel
 

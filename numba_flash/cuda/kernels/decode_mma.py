@@ -27,9 +27,9 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (SIMULATOR, arrive_acq_rel, bcast0, cp_async16, cp_async16_at,
+from ..primitives import (SIMULATOR, arrive_acq_rel, bcast0, cp_async16,
                           cp_async16_maybe_hint, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
-                          cp_async_wait_3, cp_async_wait_all, evict_first_policy, exp2,
+                          cp_async_wait_3, evict_first_policy, exp2,
                           grid_dependency_wait, grid_launch_dependents, ld2, ldmatrix_x4,
                           ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, st2, syncwarp)
 from .decode_split import cache_slot, split_keys
@@ -138,7 +138,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     NR = MF >> RS                 # values a lane holds after RS scatter levels
     BF16 = bool(is_bf16)
     FOLD = bool(fold) and not direct
-    HD = D // 2                   # output pairs per row
     PDL = bool(pdl)
     PDL_LATE = PDL and bool(pdl_late)
     FULL_LENS = bool(full_lens)

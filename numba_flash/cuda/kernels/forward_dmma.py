@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, mma_f64,
-                          shfl_xor, syncwarp)
+from ..primitives import SIMULATOR, mma_f64, shfl_xor, syncwarp
 from .jitcache import jit_kernel
 from .masking import key_tiles
+from .tile_ops import load_kv_tile, masked_score
 
 __all__ = ["make_dmma_kernel", "dmma_supported", "DMMA_BLOCK_M", "DMMA_THREADS", "DMMA_BLOCK_N"]
 
@@ -95,18 +94,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             tile = tile_lo
         while tile <= last:
             k0 = tile * BN
-            cuda.syncthreads()          # every warp is done with the previous K and V tiles
-            for c in range(COPIES):
-                i = c * NT + tid
-                r = i // CPR
-                col = (i - r * CPR) * 2
-                ok = k0 + r < seqlen_k
-                src = k0 + r if ok else 0
-                cp_async16(ks, r, col, k, b, src, hk, col, 16 if ok else 0)
-                cp_async16(vs, r, col, v, b, src, hk, col, 16 if ok else 0)
-            cp_async_commit()
-            cp_async_wait_all()
-            cuda.syncthreads()
+            load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 2)
             for e in range(SN):
                 s[e] = 0.0
             for n in range(NS):                  # S = Q K^T
@@ -116,22 +104,9 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             mx = NEG_INF
             for n in range(NS):                  # scale, softcap, mask; the row's max
                 for e in range(2):
-                    key = k0 + n * 8 + 2 * t + e
-                    x = s[2 * n + e]
-                    if has_softcap:
-                        x = cap_out * math.tanh(cap_in * x)
-                    else:
-                        x = scale * x
-                    vis = key < seqlen_k
-                    wv = True
-                    if has_left:
-                        wv = key >= qpos - window_left
-                    if has_right:
-                        wv = wv and key <= qpos + window_right
-                    if has_sinks:
-                        wv = wv or (key < sinks and key <= qpos)
-                    if not (vis and wv):
-                        x = NEG_INF
+                    x = masked_score(s[2 * n + e], k0 + n * 8 + 2 * t + e, qpos, seqlen_k,
+                                     scale, cap_in, cap_out, has_softcap, has_left, has_right,
+                                     has_sinks, window_left, window_right, sinks, NEG_INF)
                     s[2 * n + e] = x
                     mx = max(mx, x)
             mx = max(mx, shfl_xor(mx, 1))

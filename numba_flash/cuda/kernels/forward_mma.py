@@ -19,16 +19,16 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (SIMULATOR, cp_async16, cp_async4_to, cp_async16_to, cp_async_commit,
+from ..primitives import (SIMULATOR, cp_async4_to, cp_async16, cp_async16_to, cp_async_commit,
                           cp_async_wait_all, exp2, fence_proxy_async, ldmatrix_x4,
-                          ldmatrix_x4_trans, lds16, lds_i32x2, lowest_bit, mma16, pack16,
-                          shared_addr, shfl_xor, sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs,
-                          wgmma_ss, wgmma_wait)
-from .forward_geometry import *  # noqa: F401,F403  (tile geometry)
+                          ldmatrix_x4_trans, lds_i32x2, lowest_bit, mma16, pack16, shared_addr,
+                          shfl_xor, sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss,
+                          wgmma_wait)
+from .forward_geometry import MMA_THREADS, WG_THREADS, mma_q_in_smem, mma_swizzled
 from .jitcache import jit_kernel
+from .masking import (BITMASK, INTERVALS, LN2, LOG2E, MASK_MOD, NONE, chunk_classes, key_tiles,
+                      mask_mod_device, score_mod_device)
 from .sequences import packed_sequence
-from .masking import (BITMASK, INTERVALS, LN2, LOG2E, MASK_MOD, NONE, bit_visible, chunk_classes,
-                      interval_visible, key_tiles, mask_mod_device, score_mod_device)
 
 __all__ = ["make_mma_kernel"]
 

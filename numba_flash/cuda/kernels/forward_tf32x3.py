@@ -24,10 +24,10 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, mma_tf32,
-                          shfl_xor, split_tf32, syncwarp)
+from ..primitives import SIMULATOR, mma_tf32, shfl_xor, split_tf32, syncwarp
 from .jitcache import jit_kernel
 from .masking import key_tiles
+from .tile_ops import load_kv_tile, masked_score
 
 __all__ = ["make_tf32x3_kernel", "tf32x3_supported", "TF32_BLOCK_M", "TF32_THREADS",
            "TF32_BLOCK_N"]
@@ -116,18 +116,7 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
             tile = tile_lo
         while tile <= last:
             k0 = tile * BN
-            cuda.syncthreads()
-            for c in range(COPIES):
-                i = c * NT + tid
-                r = i // CPR
-                col = (i - r * CPR) * 4
-                ok = k0 + r < seqlen_k
-                src = k0 + r if ok else 0
-                cp_async16(ks, r, col, k, b, src, hk, col, 16 if ok else 0)
-                cp_async16(vs, r, col, v, b, src, hk, col, 16 if ok else 0)
-            cp_async_commit()
-            cp_async_wait_all()
-            cuda.syncthreads()
+            load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 4)
             for e in range(SN):
                 s[e] = ZERO
             for n in range(NS):              # S = Q K^T
@@ -139,24 +128,10 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
             mx0 = mx1 = np.float32(NEG_INF)
             for n in range(NS):              # scale, softcap, mask; each row's max
                 for e in range(4):
-                    key = k0 + n * 8 + 2 * t + (e & 1)
-                    qpos = row0 + 8 * (e >> 1) + shift
-                    x = s[4 * n + e]
-                    if has_softcap:
-                        x = cap_out * math.tanh(cap_in * x)
-                    else:
-                        x = scale * x
-                    vis = key < seqlen_k
-                    if has_left:
-                        wv = key >= qpos - window_left
-                    else:
-                        wv = True
-                    if has_right:
-                        wv = wv and key <= qpos + window_right
-                    if has_sinks:
-                        wv = wv or (key < sinks and key <= qpos)
-                    if not (vis and wv):
-                        x = np.float32(NEG_INF)
+                    x = masked_score(s[4 * n + e], k0 + n * 8 + 2 * t + (e & 1),
+                                     row0 + 8 * (e >> 1) + shift, seqlen_k, scale, cap_in,
+                                     cap_out, has_softcap, has_left, has_right, has_sinks,
+                                     window_left, window_right, sinks, np.float32(NEG_INF))
                     s[4 * n + e] = x
                     if e < 2:
                         mx0 = max(mx0, x)

@@ -2,7 +2,6 @@
 merge step of the CUDA-core decode kernel's splits."""
 from __future__ import annotations
 
-import numpy as np
 from numba.cuda import types
 
 from ..kernels.merge import MERGE_THREADS, OUT_F32, merge_kernel

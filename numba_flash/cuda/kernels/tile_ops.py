@@ -1,0 +1,53 @@
+"""Tile operations shared by the exact-precision tensor-core kernels (forward_dmma.py,
+forward_tf32x3.py): the block's cooperative K / V tile copy and the flags' per-pair visibility
+with the score transform. Module-level device functions called with compile-time flags, so a
+kernel's closure holds constants only (the disk cache hashes it; kernels/jitcache.py)."""
+from __future__ import annotations
+
+import math
+
+from numba import cuda
+
+from ..primitives import cp_async16, cp_async_commit, cp_async_wait_all
+
+__all__ = ["load_kv_tile", "masked_score"]
+
+
+@cuda.jit(device=True, inline=True)
+def load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_row, per_copy):
+    """Rows ``k0 ..`` of ``k[b, :, hk, :]`` and ``v[...]`` into the shared tiles ``ks`` / ``vs``
+    (zeros past ``seqlen_k``), by cp.async: ``copies`` 16-byte copies per thread, ``per_row``
+    per row, ``per_copy`` elements each; returns when every copy of the block has landed."""
+    cuda.syncthreads()                  # every warp is done with the previous tiles
+    for c in range(copies):
+        i = c * threads + tid
+        r = i // per_row
+        col = (i - r * per_row) * per_copy
+        ok = k0 + r < seqlen_k
+        src = k0 + r if ok else 0
+        cp_async16(ks, r, col, k, b, src, hk, col, 16 if ok else 0)
+        cp_async16(vs, r, col, v, b, src, hk, col, 16 if ok else 0)
+    cp_async_commit()
+    cp_async_wait_all()
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline=True)
+def masked_score(x, key, qpos, seqlen_k, scale, cap_in, cap_out, has_softcap, has_left,
+                 has_right, has_sinks, window_left, window_right, sinks, neg_inf):
+    """The score of the raw product ``x = q.k`` for the pair (query position ``qpos``, key
+    ``key``): ``scale x``, or ``cap_out tanh(cap_in x)`` with a softcap; ``neg_inf`` when the
+    key is past the sequence or outside the window and not a sink (bottom-right aligned)."""
+    if has_softcap:
+        x = cap_out * math.tanh(cap_in * x)
+    else:
+        x = scale * x
+    visible = key < seqlen_k
+    in_window = True
+    if has_left:
+        in_window = key >= qpos - window_left
+    if has_right:
+        in_window = in_window and key <= qpos + window_right
+    if has_sinks:
+        in_window = in_window or (key < sinks and key <= qpos)
+    return x if visible and in_window else neg_inf
