@@ -17,6 +17,7 @@ CASES = [  # b, sq, sk, hq, hkv, d, options
     (1, 17, 23, 2, 1, 32, dict(causal=True)),
     (1, 70, 40, 2, 2, 64, dict(window_size=(9, 3), sinks=2)),
     (1, 40, 17, 1, 1, 32, dict(causal=True, softcap=2.5)),   # rows that see no key
+    (1, 33, 20, 2, 1, 96, dict(causal=True)),                 # Q in shared memory, 2 warps
 ]
 
 
@@ -49,7 +50,7 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 sys.path.insert(0, "scripts")
 import kernel_resources as kr
 from numba_flash.cuda.kernels.forward_tf32x3 import make_tf32x3_kernel
-for d in (32, 64):
+for d in (32, 64, 96):
     r = kr.report(make_tf32x3_kernel(d, False, True, False, False, True).py_func,
                   kr.forward_signature(False, False))
     print(d, r["sass"].count("HMMA.1688.F32.TF32"), r["n_ldl"], r["spill_stores"], r["regs"])

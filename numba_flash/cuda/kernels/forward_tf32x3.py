@@ -5,16 +5,17 @@ fp32 accumulation, which keeps float32-level accuracy at tensor-core rate. Flags
 window, sinks, softcap) and GQA; mask objects, packed batches, ALiBi and score_mod stay on the
 CUDA-core kernel.
 
-A block of 4 warps owns 64 query rows, a warp 16 (one ``m16n8k8`` m-tile). Q's A fragments
-(``Q[g, kk*8 + t]``, ``Q[g + 8, ...]``, columns ``+ 4``) sit in registers as float32 and are
-split per k-step; K and V tiles of ``BN`` keys go to shared memory by cp.async (rows padded by
+A warp owns 16 query rows (one ``m16n8k8`` m-tile), a block 4 warps up to head_dim 64 and 2
+beyond (``tf32x3_geometry``). Q's A fragments (``Q[g, kk*8 + t]``, ``Q[g + 8, ...]``, columns
+``+ 4``) sit in registers as float32 up to head_dim 64, in shared memory beyond, and are split
+per k-step; K and V tiles of ``BN`` keys go to shared memory by cp.async (rows padded by
 4 floats). Per tile: S = Q K^T (B fragment ``K[n*8 + g, kk*8 + t (+ 4)]``), the online softmax
 on the accumulator fragment (lane (g, t): rows g and g + 8, columns 2t, 2t + 1 of each 8-key
 n-tile; a row's 4 lanes combine by shuffles), P staged through the warp's shared buffer into A
 fragments, then O += P V (B fragment ``V[kk*8 + t (+ 4), n*8 + g]``).
 
 Kernel signature: the CUDA-core kernel's (forward_fma.make_fma_kernel); the mask / varlen /
-ALiBi arguments are never read. Grid (ceil(Sq / 64), B * Hq), 128 threads.
+ALiBi arguments are never read. Grid (ceil(Sq / rows per block), B * Hq).
 """
 from __future__ import annotations
 
@@ -29,21 +30,24 @@ from .jitcache import jit_kernel
 from .masking import key_tiles
 from .tile_ops import load_kv_tile, masked_score
 
-__all__ = ["make_tf32x3_kernel", "tf32x3_supported", "TF32_BLOCK_M", "TF32_THREADS",
-           "TF32_BLOCK_N"]
+__all__ = ["make_tf32x3_kernel", "tf32x3_supported", "tf32x3_geometry", "TF32_BLOCK_N"]
 
-TF32_BLOCK_M = 64
-TF32_THREADS = 128
 TF32_BLOCK_N = 16
 _PAD = 4
 
 
 def tf32x3_supported(head_dim: int) -> bool:
-    """Head dims of the 3xTF32 kernel: Q fragments, the output accumulator and the split
-    operands of one lane fit the registers at 32 and 64 (offline sm_90: 125 / 221 registers, no
-    local memory); at 96 / 128 they spill (60 / 492 bytes), so those stay on the CUDA-core
-    kernel until Q moves to shared memory."""
-    return head_dim in (32, 64)
+    """Head dims of the 3xTF32 kernel: 32, 64, 96 (offline sm_90: 125 / 221 / 187 registers, no
+    local memory). At 128 the output accumulator and the split operands still spill (160 bytes
+    with Q in shared memory), so 128 stays on the CUDA-core kernel."""
+    return head_dim in (32, 64, 96)
+
+
+def tf32x3_geometry(head_dim: int) -> tuple[int, int]:
+    """(query rows per block, threads per block). Up to head_dim 64, 4 warps with Q's fragments
+    in registers; at 96 / 128 those would spill (offline sm_90: 60 / 492 bytes), so Q sits in
+    shared memory and a block has 2 warps (Q, K, V and P tiles within 48 KB)."""
+    return (64, 128) if head_dim <= 64 else (32, 64)
 
 
 @cuda.jit(device=True, inline=True)
@@ -66,14 +70,19 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
     float32 (B, S, H, D) any strides; lse float32 (B, Hq, Sq) when ``write_lse``."""
     D = int(head_dim)
     if not tf32x3_supported(D):
-        raise ValueError(f"head_dim must be 32 or 64 for the 3xTF32 kernel, got {D}")
+        raise ValueError(f"head_dim must be 32, 64 or 96 for the 3xTF32 kernel, got {D}")
     KS, ND = D // 8, D // 8              # k-steps of Q K^T; n-tiles of the output
-    BN, BM, NT = TF32_BLOCK_N, TF32_BLOCK_M, TF32_THREADS
+    BN = TF32_BLOCK_N
+    BM, NT = tf32x3_geometry(D)
+    WARPS = NT // 32
+    Q_SMEM = D > 64                      # Q in shared memory (else its fragments in registers)
     NS, KP = BN // 8, BN // 8            # n-tiles of S; k-steps of P V
     DP = D + _PAD
     CPR = D // 4                         # 16-byte copies per K / V row
     COPIES = BN * CPR // NT
-    QN, SN, ON = 4 * KS, 4 * NS, 4 * ND      # registers per lane: Q fragments, S, O
+    QN = 1 if Q_SMEM else 4 * KS          # registers per lane: Q fragments, S, O
+    SN, ON = 4 * NS, 4 * ND
+    QROWS = BM if Q_SMEM else 1
     f32 = types.float32
     NEG_INF = -math.inf
     ZERO = np.float32(0.0)
@@ -93,16 +102,25 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
         else:
             ks = cuda.shared.array((BN, DP), f32, alignment=16)
             vs = cuda.shared.array((BN, DP), f32, alignment=16)
-        ps = cuda.shared.array((4, 16, BN), f32)
+        ps = cuda.shared.array((WARPS, 16, BN), f32)
+        qs = cuda.shared.array((QROWS, DP), f32)
         qf = cuda.local.array(QN, f32)
         s = cuda.local.array(SN, f32)
         o = cuda.local.array(ON, f32)
         row0 = qtile * BM + warp * 16 + g
         shift = seqlen_k - seqlen_q
-        for kk in range(KS):
-            for i in range(4):               # a0..a3: rows g, g + 8; columns t, t + 4
-                r = row0 + 8 * (i & 1)
-                qf[4 * kk + i] = q[b, r, h, kk * 8 + t + 4 * (i >> 1)] if r < seqlen_q else ZERO
+        if Q_SMEM:      # visible to every warp after load_kv_tile's first barrier
+            for i in range(tid, BM * D, NT):
+                r = i // D
+                c = i - r * D
+                qrow = qtile * BM + r
+                qs[r, c] = q[b, qrow, h, c] if qrow < seqlen_q else ZERO
+        else:
+            for kk in range(KS):
+                for i in range(4):           # a0..a3: rows g, g + 8; columns t, t + 4
+                    r = row0 + 8 * (i & 1)
+                    qf[4 * kk + i] = (q[b, r, h, kk * 8 + t + 4 * (i >> 1)] if r < seqlen_q
+                                      else ZERO)
         for e in range(ON):
             o[e] = ZERO
         m0 = m1 = np.float32(NEG_INF)
@@ -121,9 +139,14 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
                 s[e] = ZERO
             for n in range(NS):              # S = Q K^T
                 for kk in range(KS):
+                    if Q_SMEM:
+                        r = warp * 16 + g
+                        c = kk * 8 + t
+                        a0, a1, a2, a3 = qs[r, c], qs[r + 8, c], qs[r, c + 4], qs[r + 8, c + 4]
+                    else:
+                        a0, a1, a2, a3 = qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3]
                     s[4 * n], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3] = mma3(
-                        qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3],
-                        ks[n * 8 + g, kk * 8 + t], ks[n * 8 + g, kk * 8 + t + 4],
+                        a0, a1, a2, a3, ks[n * 8 + g, kk * 8 + t], ks[n * 8 + g, kk * 8 + t + 4],
                         s[4 * n], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3])
             mx0 = mx1 = np.float32(NEG_INF)
             for n in range(NS):              # scale, softcap, mask; each row's max

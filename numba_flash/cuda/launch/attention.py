@@ -21,8 +21,7 @@ from numba.cuda import types
 from ..kernels import forward_geometry as geometry
 from ..kernels.forward_dmma import DMMA_BLOCK_M, DMMA_THREADS, dmma_supported, make_dmma_kernel
 from ..kernels.forward_fma import make_fma_kernel
-from ..kernels.forward_tf32x3 import (TF32_BLOCK_M, TF32_THREADS, make_tf32x3_kernel,
-                                      tf32x3_supported)
+from ..kernels.forward_tf32x3 import make_tf32x3_kernel, tf32x3_geometry, tf32x3_supported
 from ..kernels.forward_mma import make_mma_kernel
 from ..kernels.masking import NONE
 from ..primitives import SIMULATOR
@@ -102,7 +101,7 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
     if entry is None and tf32:
         entry = _KERNELS[key] = (make_tf32x3_kernel(head_dim, has_left, has_right, has_sinks,
                                                     has_softcap, write_lse),
-                                 TF32_BLOCK_M, TF32_THREADS)
+                                 *tf32x3_geometry(head_dim))
     if entry is None and dmma:
         entry = _KERNELS[key] = (make_dmma_kernel(head_dim, has_left, has_right, has_sinks,
                                                   has_softcap, write_lse),
