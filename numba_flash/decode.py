@@ -294,15 +294,3 @@ def _check_indices(infos, cache_seqlens, block_table, geometry: _Geometry, tree)
     _check_values(lens, table, geometry.capacity, geometry.num_pages, geometry.page_size,
                   len(tree.parents) if tree is not None else 0)
 
-
-def _full_lengths(kind, like, batch, capacity):
-    lens = np.full(batch, capacity, dtype=np.int32)
-    if kind == "numpy":
-        return lens
-    if type(like).__module__.split(".")[0] == "torch":
-        import torch
-
-        return torch.from_numpy(lens).to(like.device)
-    import cupy
-
-    return cupy.asarray(lens)

@@ -99,3 +99,28 @@ def test_a_failed_launch_raises(recorder, monkeypatch):
     monkeypatch.setattr(recorder, "cuLaunchKernel", lambda *args: 701)
     with pytest.raises(driver.LaunchError, match="CUresult 701"):
         plan.launch([], stream=0)
+
+
+class _CAI:
+    """A device array seen only through ``__cuda_array_interface__`` (as Numba's are)."""
+
+    def __init__(self, typestr, shape, strides=None, ptr=0x8000):
+        self.__cuda_array_interface__ = {"typestr": typestr, "shape": shape, "strides": strides,
+                                         "data": (ptr, False), "version": 3}
+
+
+def test_caller_and_fixed_array_params():
+    """The runtime's one description of kernel arrays (attention, decode, merge): a fixed
+    (library-owned) array keeps its pointer, a caller array gets a slot; 16-bit data is seen as
+    uint32 words; a packed varlen array gains a leading batch axis of stride 0."""
+    from numba_flash.cuda.launch.arrays import caller_param, fixed_param
+
+    table = fixed_param(_CAI("<i4", (3, 5)))
+    assert (table.numba_type, table.shape, table.strides, table.ptr) == (
+        types.Array(types.int32, 2, "C"), (3, 5), (20, 4), 0x8000)
+    words = caller_param(_CAI("<u2", (2, 7, 4, 64), (3584, 512, 128, 2)), "cai", words=True)
+    assert words.numba_type == types.Array(types.uint32, 4, "C") and words.ptr is None
+    assert words.shape == (2, 7, 4, 32) and words.strides == (3584, 512, 128, 4)
+    packed = caller_param(_CAI("<f4", (9, 2, 8)), "cai", lead=True)
+    assert packed.shape == (1, 9, 2, 8) and packed.strides == (0, 64, 32, 4)
+    assert packed.numba_type.dtype == types.float32

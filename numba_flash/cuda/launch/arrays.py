@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 from numba import cuda
+from numba.cuda import types
 
 from ...arrays import dtype_name as _cached_dtype_name
 from ..primitives import SIMULATOR
+from .driver import ArrayParam
 
 __all__ = ["HALF_NAMES", "FULL_NAMES", "SUPPORTED_HEAD_DIMS", "padded_head_dim", "pad_head_dim",
            "array_kind", "dtype_name",
            "interface", "gpu_inputs", "kernel_array", "as_words", "empty_like_kind",
-           "BFloat16Array"]
+           "BFloat16Array", "caller_param", "fixed_param"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 HALF_NAMES = {"float16": False, "bfloat16": True}     # name -> is bfloat16
@@ -216,3 +218,41 @@ class BFloat16Array:
         cai = dict(storage.__cuda_array_interface__)
         cai["typestr"] = "<V2"
         self.__cuda_array_interface__ = cai
+
+
+# Kernel arguments as launch plans describe them (driver.ArrayParam).
+def caller_param(x, kind: str, words: bool = False, lead: bool = False):
+    """ArrayParam of a caller array (pointer per call); ``words``: the uint32 view of a 16-bit
+    array; ``lead``: a packed varlen array seen as batch 1."""
+    ptr, shape, strides, itemsize, _ = interface(x, kind)
+    if lead:
+        shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
+    if words:
+        shape, strides = as_words(ptr, shape, strides)
+        return ArrayParam(types.uint32, shape, strides, 4)
+    return ArrayParam(_ELEMENTS[np.dtype(_elem_name(x, itemsize)).name], shape, strides, itemsize)
+
+
+def _elem_name(x, itemsize):
+    dt = getattr(x, "dtype", None)
+    name = str(dt).replace("torch.", "")
+    return name if name in _ELEMENTS else {2: "uint16", 4: "float32", 8: "float64"}[itemsize]
+
+
+_ELEMENTS = {"float16": types.uint16, "bfloat16": types.uint16, "uint16": types.uint16,
+         "float32": types.float32, "float64": types.float64, "int32": types.int32,
+         "int64": types.int64, "uint32": types.uint32, "int8": types.int8}
+
+
+def fixed_param(x):
+    """ArrayParam of a library-owned device array (its pointer is part of the plan)."""
+    cai = x.__cuda_array_interface__
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides")
+    if strides is None:
+        strides, acc = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+    return ArrayParam(_ELEMENTS[dtype.name], shape, strides, dtype.itemsize, ptr=cai["data"][0])

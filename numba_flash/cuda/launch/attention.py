@@ -26,8 +26,8 @@ from ..kernels.forward_mma import make_mma_kernel
 from ..kernels.masking import NONE
 from ..primitives import SIMULATOR
 from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array, array_kind,
-                     as_words, dtype_name, empty_like_kind, pad_head_dim, padded_head_dim,
-                     gpu_inputs, interface, kernel_array)
+                     caller_param, dtype_name, empty_like_kind, fixed_param, gpu_inputs,
+                     interface, kernel_array, pad_head_dim, padded_head_dim)
 from .device import compute_capability, current_device_id
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, current_device
 from .driver import raise_dynamic_smem_limit
@@ -317,9 +317,9 @@ def _plan(kind, dtype_name, device, p, arrays, stream):
     kern, block_m, threads = kernel_for(
         dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
         p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod)
-    params = [_caller_array(x, kind, half and i < 4, p.lead) for i, x in enumerate(arrays[:4])]
+    params = [caller_param(x, kind, half and i < 4, p.lead) for i, x in enumerate(arrays[:4])]
     if p.return_lse:
-        params.append(_caller_array(arrays[4], kind, False, p.lead))
+        params.append(caller_param(arrays[4], kind, False, p.lead))
     else:  # never written: write_lse is a compile-time False
         params.append(ArrayParam(types.float32, (1, 1, 1), (4, 4, 4), 4, ptr=0))
     scalars, float_type = _scalars(dtype_name, p.softmax_scale, p.softcap, p.has_softcap)
@@ -329,58 +329,21 @@ def _plan(kind, dtype_name, device, p, arrays, stream):
     params += [ScalarParam(types.int64, n) for n in (p.left, p.right, p.sinks)]
     dummies = dummy_arrays()
     fixed = [mplan.iv, mplan.mm, mplan.table, mplan.bits]
-    params += [_fixed_array(x) for x in fixed]
+    params += [fixed_param(x) for x in fixed]
     if p.varlen is not None:
-        params += [_caller_array(x, kind, False) for x in (p.varlen.cu_q, p.varlen.cu_k)]
+        params += [caller_param(x, kind, False) for x in (p.varlen.cu_q, p.varlen.cu_k)]
     else:
-        params += [_fixed_array(dummies.cu)] * 2
+        params += [fixed_param(dummies.cu)] * 2
     if p.alibi is not None:
         params.append(_alibi_param(p.alibi, kind, p.batch))
     else:
-        params.append(_fixed_array(dummies.alibi))
+        params.append(fixed_param(dummies.alibi))
     smem = dynamic_smem_bytes(dtype_name, p.head_dim)
     cufunc = compile_kernel(kern, params)
     if smem > 48 * 1024:
         raise_dynamic_smem_limit(cufunc.handle, smem, current_device())
     grid = (-(-p.seqlen_q // block_m), p.batch * p.heads_q)
     return LaunchPlan(cufunc, params, grid, threads, smem, keep=(fixed, dummies))
-
-
-def _caller_array(x, kind, words, lead=False):
-    """ArrayParam of a caller array (pointer per call); ``words``: the uint32 view of a 16-bit
-    array; ``lead``: a packed varlen array seen as batch 1."""
-    ptr, shape, strides, itemsize, _ = interface(x, kind)
-    if lead:
-        shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
-    if words:
-        shape, strides = as_words(ptr, shape, strides)
-        return ArrayParam(types.uint32, shape, strides, 4)
-    return ArrayParam(_ELEM[np.dtype(_dtype_str(x, itemsize)).name], shape, strides, itemsize)
-
-
-def _dtype_str(x, itemsize):
-    dt = getattr(x, "dtype", None)
-    name = str(dt).replace("torch.", "")
-    return name if name in _ELEM else {2: "uint16", 4: "float32", 8: "float64"}[itemsize]
-
-
-_ELEM = {"float16": types.uint16, "bfloat16": types.uint16, "uint16": types.uint16,
-         "float32": types.float32, "float64": types.float64, "int32": types.int32,
-         "int64": types.int64, "uint32": types.uint32, "int8": types.int8}
-
-
-def _fixed_array(x):
-    """ArrayParam of a library-owned device array (its pointer is part of the plan)."""
-    cai = x.__cuda_array_interface__
-    dtype = np.dtype(cai["typestr"])
-    shape = tuple(cai["shape"])
-    strides = cai.get("strides")
-    if strides is None:
-        strides, acc = [], dtype.itemsize
-        for n in reversed(shape):
-            strides.insert(0, acc)
-            acc *= n
-    return ArrayParam(_ELEM[dtype.name], shape, strides, dtype.itemsize, ptr=cai["data"][0])
 
 
 def _alibi_param(slopes, kind, batch):

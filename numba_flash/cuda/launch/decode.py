@@ -19,7 +19,8 @@ from ..kernels.decode_fma import DECODE_WARPS, MAX_ROWS, decode_kernel
 from ..kernels.decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
 from ..kernels.merge import OUT_BF16, OUT_F16
 from ..primitives import SIMULATOR
-from .arrays import BFloat16Array, as_words, empty_like_kind, gpu_inputs, interface, kernel_array
+from .arrays import (BFloat16Array, caller_param, empty_like_kind, fixed_param, gpu_inputs,
+                     interface, kernel_array)
 from .attention import window_flags
 from .device import compute_capability, current_device_id, sm_count
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, stream_is_capturing
@@ -452,23 +453,8 @@ def _choices(d, is_bf16):
 
 
 def _caller(x, kind, words=False):
-    """ArrayParam of a caller array (its pointer is written per call)."""
-    ptr, shape, strides, itemsize, _ = interface(x, kind)
-    if words:
-        shape, strides = as_words(ptr, shape, strides)
-        return ArrayParam(types.uint32, shape, strides, 4), ptr
-    elem = {4: types.float32 if _is_float(x) else types.int32, 2: types.uint16}[itemsize]
-    return ArrayParam(elem, shape, strides, itemsize), ptr
-
-
-def _is_float(x) -> bool:
-    return "float" in str(getattr(x, "dtype", ""))
-
-
-def _fixed(x, elem):
-    """ArrayParam of a library-owned Numba device array (pointer baked into the plan)."""
-    return ArrayParam(elem, x.shape, x.strides, x.dtype.itemsize,
-                      ptr=int(x.__cuda_array_interface__["data"][0]))
+    """(ArrayParam, data pointer) of a caller array."""
+    return caller_param(x, kind, words), interface(x, kind)[0]
 
 
 def _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse, o_part, lse_part,
@@ -477,20 +463,20 @@ def _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse, o_par
     o_part / lse_part are the stream's Numba arrays (fixed pointers), else the call's."""
     entries = [_caller(x, kind, True) for x in (q, k, v)]
     entries.append(_caller(block_table, kind) if d.paged else
-                   (_fixed(_dummy(device, (1, 1), np.int32), types.int32), None))
-    entries.append((_fixed(_dummy(device, (1,), np.int32), types.int32), None) if d.full_lens
+                   (fixed_param(_dummy(device, (1, 1), np.int32)), None))
+    entries.append((fixed_param(_dummy(device, (1,), np.int32)), None) if d.full_lens
                    else _caller(cache_seqlens, kind))
     tree = _tree_array(device, np.asarray(d.tree), d.seqlen_q) if d.tree is not None else \
         _dummy(device, (1, 2), np.uint32)
-    entries.append((_fixed(tree, types.uint32), None))
+    entries.append((fixed_param(tree), None))
     entries.append(_caller(out, kind, True))
     entries.append(_caller(lse, kind) if lse is not None else
-                   (_fixed(_dummy(device, (1, 1, 1), np.float32), types.float32), None))
+                   (fixed_param(_dummy(device, (1, 1, 1), np.float32)), None))
     if o_part is None:
-        entries.append((_fixed(_dummy(device, (1, 1, 1, 1, 1), np.float32), types.float32), None))
-        entries.append((_fixed(_dummy(device, (1, 1, 1, 1), np.float32), types.float32), None))
+        entries.append((fixed_param(_dummy(device, (1, 1, 1, 1, 1), np.float32)), None))
+        entries.append((fixed_param(_dummy(device, (1, 1, 1, 1), np.float32)), None))
     elif workspace:
-        entries += [(_fixed(o_part, types.float32), None), (_fixed(lse_part, types.float32), None)]
+        entries += [(fixed_param(o_part), None), (fixed_param(lse_part), None)]
     else:
         entries += [_caller(o_part, kind), _caller(lse_part, kind)]
     params = [p for p, _ in entries]
@@ -587,7 +573,7 @@ def _mma_plan(d, is_bf16, params, keep, dev, stream):
     config = [d.head_dim, is_bf16, d.paged, d.has_left, d.has_right, d.has_sinks,
               d.has_softcap, d.tree is not None, d.direct, d.return_lse, block_n, stages, warps,
               fold, pdl_device, d.page_pow2, False, d.full_lens, d.stream_hint]
-    params = params + [_fixed(counters, types.int32)]
+    params = params + [fixed_param(counters)]
     params += [ScalarParam(types.int64, n) for n in (d.ratio, d.chunks, d.splits)]
     params += [ScalarParam(types.float32, x) for x in d.floats]
     params += [ScalarParam(types.int64, n) for n in d.ints2]
