@@ -135,9 +135,10 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
     geo = backward_geometry(dtype_name, head_dim, tiles)
     bn, bm, threads = geo["block_n"], geo["block_m"], geo["threads"]
     mask_kind, iv, (mm_kv, mm_q) = _mask_arrays(mask, seqlen_q, seqlen_k, (bn, bm), launch_stream)
-    wrap = lambda x: kernel_array(x, kind, half)           # noqa: E731
+    # Each array by its own kind: a bfloat16 caller may hold torch tensors and a CuPy lse.
+    wrap = lambda x: kernel_array(x, array_kind(x), half)           # noqa: E731
     kq, kk, kv, ko, kdo = (wrap(x) for x in (q, k, v, out, dout))
-    klse = kernel_array(lse, kind, False)
+    klse = kernel_array(lse, array_kind(lse), False)
     scale = float(softmax_scale)
     cap = float(softcap) if has_softcap else 1.0
 
@@ -150,7 +151,7 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
     dq_acc = (_empty if deterministic else _zeros)(kind, q.shape, acc_dt, launch_stream)
     direct = not half and ratio == 1
     if direct:
-        dk_acc, dv_acc = (kernel_array(x, kind, False) for x in (dk, dv))
+        dk_acc, dv_acc = (kernel_array(x, array_kind(x), False) for x in (dk, dv))
     else:
         part_shape = (batch, seqlen_k, heads_q, head_dim)
         dk_acc, dv_acc = (_empty(kind, part_shape, acc_dt, launch_stream) for _ in range(2))
