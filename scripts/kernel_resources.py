@@ -131,6 +131,34 @@ def forward_report(dtype: str, head_dim: int, causal: bool, lse: bool = True, **
     return report(kern.py_func, sig)
 
 
+def backward_signature(half: bool, atomic: bool = True, f64: bool = False):
+    """The signature of the backward's dK / dV kernel (``atomic``) or deterministic dQ kernel
+    (launch/backward.py: C-contiguous caller arrays, padded row statistics)."""
+    elem = types.uint32 if half else (types.float64 if f64 else types.float32)
+    acc = types.float64 if f64 else types.float32
+    fty = types.float32 if half else acc
+    four, stats = types.Array(elem, 4, "C"), types.Array(acc, 3, "C")
+    outs = [types.Array(acc, 4, "C")] * (3 if atomic else 1)
+    n_scalars = 4 if half else 3
+    return types.void(*[four] * 4, stats, stats, *outs, types.int64, types.int64, types.int64,
+                      *[fty] * n_scalars, types.int64, types.int64, types.int64,
+                      types.Array(types.int32, 2, "C"), types.Array(types.int32, 2, "C"))
+
+
+def backward_report(dtype: str, head_dim: int, causal: bool, kernel: str = "dkdv",
+                    atomic: bool = True) -> dict:
+    """Offline report of the 16-bit backward's dK / dV (``kernel="dkdv"``, with atomic dQ or
+    not) or deterministic dQ kernel (``"dq"``) at its default layout."""
+    from numba_flash.cuda.kernels import backward as bw
+
+    bf16 = dtype == "bfloat16"
+    if kernel == "dkdv":
+        kern = bw.make_mma_dkdv_kernel(head_dim, bf16, False, causal, False, False, atomic)
+        return report(kern.py_func, backward_signature(True, True))
+    kern = bw.make_mma_dq_kernel(head_dim, bf16, False, causal, False, False)
+    return report(kern.py_func, backward_signature(True, False))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default=None)

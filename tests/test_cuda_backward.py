@@ -117,6 +117,9 @@ MMA_CASES = [
     ("bfloat16", 1, 23, 17, 1, 1, 32, True, (-1, -1), 0, 3.0, False),    # causal, softcap
     ("float16", 1, 17, 40, 1, 1, 16, False, (5, 2), 3, None, True),      # window + sinks, det.
 ]
+# 2 warps, 64-row query tiles in four 16-row slices, both shared buffers, dQ units shared
+# between the warps: the default layout's code paths at a simulator size.
+WIDE_TILES = (2, 32, 64)
 
 
 @pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -127,12 +130,17 @@ def test_mma_against_dense(case):
              deterministic=det, tiles=MMA_TILES)
 
 
+def test_mma_wide_tiles():
+    run_case(np.random.default_rng(7), "float16", 1, 150, 45, 2, 1, 16, True, tiles=WIDE_TILES)
+
+
 # (dtype, tiles, deterministic, mask, causal, n): each reaches skipped, fully visible and
 # partial (query tile, key tile) pairs of the kernels it runs.
 INTERVAL_CASES = [
     ("float32", (2, 32, 8), False, M.CausalDocumentMask([9, 14, 17]), False, 40),
     ("float64", (2, 32, 16), True, M.DocumentMask([24, 40]), False, 64),
     ("bfloat16", (1, 16, 16), True, M.DocumentMask([16, 32]), True, 48),
+    ("float16", WIDE_TILES, False, M.DocumentMask([64, 30, 36]), False, 130),
 ]
 
 

@@ -40,7 +40,8 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (exp2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shfl_xor,
+from ..primitives import (cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_all, exp2,
+                          ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shared_view, shfl_xor,
                           unpack16)
 from .jitcache import jit_kernel
 from .masking import INTERVALS, NONE, key_tiles
@@ -48,10 +49,12 @@ from .tile_classes import FULL, SKIP, interval_class
 
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_fma_dkdv_kernel",
            "make_fma_dq_kernel", "make_mma_dkdv_kernel", "make_mma_dq_kernel", "fma_layout",
-           "mma_layout", "PRE_THREADS", "REDUCE_THREADS"]
+           "mma_layout", "mma_dq_layout", "mma_dkdv_smem_bytes", "PRE_THREADS", "REDUCE_THREADS",
+           "ROW_PAD"]
 
 LOG2E = 1.4426950408889634
 PRE_THREADS = 128
+ROW_PAD = 64           # delta / lse2 rows are padded to a multiple of this
 REDUCE_THREADS = 256
 
 # ----------------------------------------------------------------------------- tile helpers
@@ -131,8 +134,9 @@ def tile_kind(kind, mm, ktile, r0, bm, k0, bn, seqlen_q, seqlen_k, has_left, has
 @cuda.jit(device=True, inline=True)
 def load_tile(dst, src, b, r0, h, limit, tid, nthreads):
     """Cooperative copy of rows r0.. of ``src[b, :, h, :]`` into the shared tile ``dst`` (rows,
-    W); rows at or past ``limit`` become zeros."""
-    rows, cols = dst.shape
+    at least W columns: a padded tile keeps its pad); rows at or past ``limit`` become zeros."""
+    rows = dst.shape[0]
+    cols = src.shape[3]
     for i in range(tid, rows * cols, nthreads):
         r = i // cols
         c = i - r * cols
@@ -247,21 +251,28 @@ def dq_atomic(dss, k, b, hk, k0, seqlen_k, dq_acc, r0, h, seqlen_q, scale, tid, 
 
 # ----------------------------------------------------------------------------- small kernels
 def make_preprocess_kernel(half: bool, is_bf16: bool, is_f64: bool):
-    """``delta = rowsum(dout * out)``.
+    """``delta = rowsum(dout * out)`` and the base-2 lse of the tensor-core kernels.
 
-    Kernel ``(out, dout, delta)``: out, dout (B, Sq, Hq, W) in the working dtype (``half``:
-    uint32 words of two float16 / bfloat16, W = D / 2), delta (B, Hq, Sq) float32 (float64 when
-    ``is_f64``). Grid ``(ceil(Sq / PRE_THREADS), B * Hq)``, ``PRE_THREADS`` threads, one row each.
+    Kernel ``(out, dout, lse, delta, lse2)``: out, dout (B, Sq, Hq, W) in the working dtype
+    (``half``: uint32 words of two float16 / bfloat16, W = D / 2); lse (B, Hq, Sq) natural log;
+    delta and lse2 (B, Hq, SqP) float32 (float64 when ``is_f64``), SqP >= Sq a multiple of
+    ``ROW_PAD`` so that the kernels copy whole 16-byte groups of them: ``lse2 = lse * log2 e``,
+    and for the pad rows delta 0 and lse2 +inf (P = 0 there). Grid
+    ``(ceil(SqP / PRE_THREADS), B * Hq)``, ``PRE_THREADS`` threads, one row each.
     """
     HALF, BF16 = bool(half), bool(is_bf16)
     npdt = np.float64 if is_f64 else np.float32
 
-    def kernel(out, dout, delta):
+    def kernel(out, dout, lse, delta, lse2):
         heads = out.shape[2]
         b = cuda.blockIdx.y // heads
         h = cuda.blockIdx.y % heads
         row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if row >= delta.shape[2]:
+            return
         if row >= out.shape[1]:
+            delta[b, h, row] = 0
+            lse2[b, h, row] = math.inf
             return
         acc = npdt(0.0)
         for w in range(out.shape[3]):
@@ -272,6 +283,7 @@ def make_preprocess_kernel(half: bool, is_bf16: bool, is_f64: bool):
             else:
                 acc += out[b, row, h, w] * dout[b, row, h, w]
         delta[b, h, row] = acc
+        lse2[b, h, row] = lse[b, h, row] * npdt(LOG2E)
 
     return jit_kernel(kernel, ("bwd_pre", HALF, BF16, bool(is_f64)))
 
@@ -492,15 +504,39 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
 # dV += P^T dO, and dS^T the A operand of dK += dS^T Q.
 def mma_layout(head_dim: int):
     """(warps, keys owned per block = 16 x warps, rows per streamed query tile) of the 16-bit
-    kernels: K, V, Q, dO tiles and dS^T within 48 KB of static shared memory."""
+    dK / dV kernel. Up to head_dim 128: 4 warps own 64 keys and stream 64-row query tiles,
+    double-buffered in dynamic shared memory (``mma_dkdv_smem_bytes``: 112 KB at 128, two
+    blocks per SM); each tile is worked in 16-row slices so that the per-warp fragment arrays
+    stay small and in registers. head_dim 256: one warp, 16 keys, 16-row tiles (its dK / dV
+    accumulators alone fill the register file)."""
+    if head_dim <= 128:
+        return 4, 64, 64
+    return 1, 16, 16
+
+
+def mma_dq_layout(head_dim: int):
+    """(warps, rows owned per block = 16 x warps, keys per streamed tile) of the 16-bit
+    row-parallel dQ kernel (deterministic mode; static shared memory): 32-key tiles up to
+    head_dim 96, 16 up to 128, one warp beyond."""
     if head_dim <= 96:
-        # 32-row streamed tiles: with 64 (head_dim <= 64) the per-thread fragment arrays were
-        # indexed by loops ptxas kept rolled, i.e. local memory (offline sm_90: 24-32 LDL in
-        # the key loop of both kernels); 32 keeps every fragment in registers.
         return 4, 64, 32
     if head_dim <= 128:
         return 4, 64, 16
     return 1, 16, 16
+
+
+def _padded(words: int) -> int:
+    """Row length in 32-bit words of a shared tile read by ldmatrix: 4 words (16 bytes) of pad
+    put the 8 rows of one 8x8 matrix in 8 different bank groups (no conflicts)."""
+    return words + 4
+
+
+def mma_dkdv_smem_bytes(head_dim: int, warps: int, block_m: int) -> int:
+    """Dynamic shared memory of the 16-bit dK / dV kernel: K, V (16 warps rows), two buffers of
+    Q, dO (block_m rows) and of their base-2 lse and delta, and dS^T (keys x block_m / 2
+    words)."""
+    bn, dwp = 16 * warps, _padded(head_dim // 2)
+    return 4 * (2 * bn * dwp + 4 * block_m * dwp + bn * _padded(block_m // 2) + 4 * block_m)
 
 
 @cuda.jit(device=True, inline=True)
@@ -514,10 +550,10 @@ def mma_pair(acc, o, is_bf16, a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @cuda.jit(device=True, inline=True)
-def mma_abt(acc, is_bf16, a_tile, a_row, b_tile, n_pairs, ksteps, lane):
+def mma_abt(acc, is_bf16, a_tile, a_row, b_tile, b_row, n_pairs, ksteps, lane):
     """``acc`` = A B^T for one warp: A = 16 rows of ``a_tile`` from ``a_row``, B = rows
-    0 .. 16 n_pairs of ``b_tile`` (both [row][k] word tiles, k = 16 ksteps); n-tile j in
-    ``acc[4 j:4 j + 4]``."""
+    b_row .. b_row + 16 n_pairs of ``b_tile`` (both [row][k] word tiles, k = 16 ksteps); n-tile
+    j in ``acc[4 j:4 j + 4]``."""
     v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
     v_col = (lane >> 4) * 4
     for i in range(8 * n_pairs):
@@ -526,20 +562,21 @@ def mma_abt(acc, is_bf16, a_tile, a_row, b_tile, n_pairs, ksteps, lane):
         a0, a1, a2, a3 = ldmatrix_x4(a_tile, a_row + v_row, kk * 8 + v_col)
         for jj in range(n_pairs):
             # matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15)
-            b0, b2, b1, b3 = ldmatrix_x4(b_tile, jj * 16 + v_row, kk * 8 + v_col)
+            b0, b2, b1, b3 = ldmatrix_x4(b_tile, b_row + jj * 16 + v_row, kk * 8 + v_col)
             mma_pair(acc, 8 * jj, is_bf16, a0, a1, a2, a3, b0, b1, b2, b3)
 
 
 @cuda.jit(device=True, inline=True)
-def mma_pb(acc, is_bf16, pk, b_tile, ksteps, n_pairs, col0, lane):
+def mma_pb(acc, is_bf16, pk, b_tile, b_row, ksteps, n_pairs, col0, lane):
     """``acc`` += A B for one warp: A from packed fragments ``pk`` (16 rows x 16 ksteps),
-    B = rows 0 .. 16 ksteps, word columns col0 .. col0 + 8 n_pairs of the [k][n] word tile
-    ``b_tile`` (ldmatrix.trans)."""
+    B = rows b_row .. b_row + 16 ksteps, word columns col0 .. col0 + 8 n_pairs of the [k][n]
+    word tile ``b_tile`` (ldmatrix.trans)."""
     v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
     v_col = (lane >> 4) * 4
     for kb in range(ksteps):
         for dd in range(n_pairs):
-            b0, b1, b2, b3 = ldmatrix_x4_trans(b_tile, kb * 16 + v_row, col0 + dd * 8 + v_col)
+            b0, b1, b2, b3 = ldmatrix_x4_trans(b_tile, b_row + kb * 16 + v_row,
+                                               col0 + dd * 8 + v_col)
             mma_pair(acc, 8 * dd, is_bf16, pk[4 * kb], pk[4 * kb + 1], pk[4 * kb + 2],
                      pk[4 * kb + 3], b0, b1, b2, b3)
 
@@ -559,13 +596,14 @@ def transposed_fragments(pk, ts, row_word, ksteps, lane):
 
 
 @cuda.jit(device=True, inline=True)
-def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, dls, scale_log2,
-                cap_in, cap_log2, has_softcap, is_bf16, full, seqlen_q, seqlen_k, has_left,
-                has_right, has_sinks, wl, wr, sinks, kind, mk_iv):
+def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, dls, lbuf,
+                scale_log2, cap_in, cap_log2, has_softcap, is_bf16, full, seqlen_q, seqlen_k,
+                has_left, has_right, has_sinks, wl, wr, sinks, kind, mk_iv):
     """P and dS of a warp's score fragments ``st`` (S, or S^T when ``transposed``) and ``dpt``
     (dP or dP^T), packed to 16-bit A fragments ``pkp`` / ``pkd``. Fragment rows are the warp's
-    own 16 (from ``own0`` in the tile), columns the streamed tile's; ``ls`` / ``dls`` are the
-    (natural) lse and delta of the query tile's rows in shared memory. Masked pairs give 0."""
+    own 16 (from ``own0`` in the tile), columns the streamed tile's; query row r0 + i has its
+    base-2 lse and its delta at ``ls[lbuf, i]`` / ``dls[lbuf, i]`` (shared; lbuf: the buffer
+    and row offset as one flat index base, see ``row_stats``). Masked pairs give 0."""
     g = lane >> 2
     t = lane & 3
     offset = seqlen_k - seqlen_q
@@ -577,8 +615,9 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
                 lrow = col if transposed else own
                 row = r0 + lrow
                 key = k0 + (own if transposed else col)
-                p, ds = grad_scores(st[4 * j + e + c], dpt[4 * j + e + c], ls[lrow] * LOG2E,
-                                    dls[lrow], scale_log2, cap_in, cap_log2, has_softcap, True)
+                p, ds = grad_scores(st[4 * j + e + c], dpt[4 * j + e + c], ls[lbuf + lrow],
+                                    dls[lbuf + lrow], scale_log2, cap_in, cap_log2, has_softcap,
+                                    True)
                 if not full:
                     lts, lte, uts, ute = column_bounds(kind, mk_iv, key, seqlen_k)
                     if not pair_visible(row, key, seqlen_q, seqlen_k, offset, has_left,
@@ -611,14 +650,70 @@ def store_fragments(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, atom
 
 
 @cuda.jit(device=True, inline=True)
-def store_packed(ts, own0, pk, n_tiles, lane):
+def store_packed(ts, own0, col0, pk, n_tiles, lane):
     """Packed fragments (16 rows from ``own0`` x 8 n_tiles columns) into the shared word tile
-    ``ts`` [row][column pair]: the transpose that the dQ product reads back."""
+    ``ts`` [row][column pair] from word ``col0``: the transpose that the dQ product reads
+    back."""
     g = lane >> 2
     t = lane & 3
     for j in range(n_tiles):
-        ts[own0 + g, 4 * j + t] = pk[2 * j]
-        ts[own0 + g + 8, 4 * j + t] = pk[2 * j + 1]
+        ts[own0 + g, col0 + 4 * j + t] = pk[2 * j]
+        ts[own0 + g + 8, col0 + 4 * j + t] = pk[2 * j + 1]
+
+
+@cuda.jit(device=True, inline=True)
+def prefetch_rows(dst, drow, src, b, r0, h, limit, rows, tid, nthreads):
+    """Asynchronous copy of rows r0 .. r0 + rows of ``src[b, :, h, :]`` (uint32 words) into the
+    shared tile ``dst`` from row ``drow``, 16 bytes per copy; rows at or past ``limit`` become
+    zeros (their source address clamped into the array)."""
+    chunks = src.shape[3] // 4
+    for i in range(tid, rows * chunks, nthreads):
+        r = i // chunks
+        c = 4 * (i - r * chunks)
+        row = r0 + r
+        cp_async16(dst, drow + r, c, src, b, min(row, limit - 1), h, c, 16 if row < limit else 0)
+
+
+@cuda.jit(device=True, inline=True)
+def prefetch_stats(ls, dls, buf, lse2, delta, b, h, r0, tid):
+    """Asynchronous copy of the base-2 lse and delta of rows r0 .. r0 + ls.shape[1] into row
+    ``buf`` of the shared (2, rows) tiles (the arrays are padded to whole 16-byte groups)."""
+    n = ls.shape[1] // 4
+    base = (b * lse2.shape[1] + h) * lse2.shape[2] + r0
+    if tid < n:
+        cp_async16_at(ls, buf, 4 * tid, lse2, base + 4 * tid, 16)
+    elif tid < 2 * n:
+        cp_async16_at(dls, buf, 4 * (tid - n), delta, base + 4 * (tid - n), 16)
+
+
+@cuda.jit(device=True, inline=True)
+def next_query_tile(t, end, kind, mm, ktile, bm, k0, bn, seqlen_q, seqlen_k, has_left,
+                    has_right, has_sinks, wl, wr, sinks):
+    """The first query tile of [t, end) that the mask does not skip for key tile ``ktile``
+    (``end`` if none)."""
+    while t < end:
+        skip, _ = tile_kind(kind, mm, ktile, t * bm, bm, k0, bn, seqlen_q, seqlen_k, has_left,
+                            has_right, has_sinks, wl, wr, sinks)
+        if not skip:
+            break
+        t += 1
+    return t
+
+
+@cuda.jit(device=True, inline=True)
+def dq_from_shared(dq_acc, dqa, pka, is_bf16, dst, ks, b, h, r0, seqlen_q, scale, warp, warps,
+                   m_tiles, chunks, chunk_cols, block_n, lane):
+    """``dq_acc[b, r0:r0 + 16 m_tiles, h, :] += scale dS K`` by atomics, from dS^T (keys x
+    query-row pairs, shared) and K (shared): the (m-tile, column chunk) units are dealt to the
+    warps in turn; each is a 16 x chunk_cols product over the block's keys."""
+    for unit in range(warp, m_tiles * chunks, warps):
+        mq = unit % m_tiles
+        col0 = (unit // m_tiles) * chunk_cols
+        transposed_fragments(pka, dst, 8 * mq, block_n // 16, lane)
+        zero(dqa, chunk_cols // 2)
+        mma_pb(dqa, is_bf16, pka, ks, 0, block_n // 16, chunk_cols // 16, col0 // 2, lane)
+        store_fragments(dq_acc, b, r0 + 16 * mq, h, dqa, scale, seqlen_q, col0, chunk_cols // 8,
+                        lane, True)
 
 
 def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
@@ -628,39 +723,46 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     """Column-parallel dK / dV (and with ``atomic_dq`` dQ) kernel on tensor cores, float16 /
     bfloat16 with fp32 accumulation.
 
-    Kernel ``(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
+    Kernel ``(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
     heads_ratio, scale, scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv,
     mk_mm)``: q, dout uint32 (B, Sq, Hq, D / 2), k, v uint32 (B, Sk, Hkv, D / 2) (two 16-bit
-    values per word); lse float32 (B, Hq, Sq) natural log; delta float32 (B, Hq, Sq); dq_acc
-    float32 (B, Sq, Hq, D) zeroed, atomically accumulated; dk_acc, dv_acc float32
-    (B, Sk, Hq, D) per-query-head partials, written; masks as in ``make_fma_dkdv_kernel``
-    (min/max of ``block_n``-key tiles). Scalars float32: scale, scale * log2 e, scale / softcap,
-    softcap * log2 e.
+    values per word, rows 16-byte aligned); lse2, delta float32 (B, Hq, SqP) from the
+    preprocess kernel (base-2 lse, padded rows); dq_acc float32 (B, Sq, Hq, D) zeroed,
+    atomically accumulated; dk_acc, dv_acc float32 (B, Sk, Hq, D) per-query-head partials,
+    written; masks as in ``make_fma_dkdv_kernel`` (min/max of ``block_n``-key tiles). Scalars
+    float32: scale, scale * log2 e, scale / softcap, softcap * log2 e.
 
-    Geometry (``mma_layout``): ``warps`` warps, warp w owning keys 16 w .. 16 w + 15 of the
-    ``block_n = 16 warps`` key tile (K, V in shared memory; dK, dV accumulators in registers:
-    head_dim / 2 floats each per lane); query tiles of ``block_m`` rows (Q, dO, lse, delta in
-    shared memory). Per tile: S^T = K Q^T and dP^T = V dO^T (mma, B operands by ldmatrix),
-    P^T and dS^T in registers, dV += P^T dO and dK += dS^T Q (A from registers, B by
-    ldmatrix.trans); atomic dQ: dS^T to shared memory, then warp w computes dQ rows
-    16 (w mod block_m / 16) .. + 15, head_dim / (warps / (block_m / 16)) columns of them.
-    Grid ``(ceil(Sk / block_n), B * Hq)``, ``32 warps`` threads.
+    Geometry (``mma_layout``): warp w owns keys 16 w .. 16 w + 15 of the ``block_n = 16 warps``
+    key tile (K, V in shared memory; dK, dV accumulators in registers: head_dim / 2 floats
+    each per lane). Query tiles of ``block_m`` rows stream through two shared buffers by
+    cp.async (the next live tile loads while this one is worked). Per 16-row slice of a tile:
+    S^T = K Q^T and dP^T = V dO^T (B operands by ldmatrix), P^T and dS^T in registers,
+    dV += P^T dO and dK += dS^T Q (A from registers, B by ldmatrix.trans), dS^T to shared
+    memory; atomic dQ: then dQ = dS K by (m-tile, column chunk) units over the warps. Grid
+    ``(ceil(Sk / block_n), B * Hq)``, ``32 warps`` threads, ``mma_dkdv_smem_bytes`` of dynamic
+    shared memory.
     """
     D = int(head_dim)
     W0, _, M0 = mma_layout(D)
     WARPS = warps or W0
     BN, BM = 16 * int(WARPS), int(block_m or M0)
     assert not block_n or block_n == BN, (block_n, BN)
-    NT, DW, KS, NPQ, NPD = 32 * WARPS, D // 2, D // 16, BM // 16, D // 16
-    MQ = BM // 16                     # dQ: m-tiles of a query tile, column parts per m-tile
-    DP = WARPS // MQ
-    DC = D // max(DP, 1)
-    assert D % 16 == 0 and BM % 16 == 0 and WARPS % MQ == 0 and DC % 16 == 0, (D, WARPS, BM)
-    ST_N, PK_N, ACC_N, DQ_N, PA_N = BM // 2, BM // 4, D // 2, DC // 2, BN // 4
+    assert D % 16 == 0 and BM in (16, 32, 64) and ROW_PAD % BM == 0, (D, BM)
+    NT, KS, NPD = 32 * WARPS, D // 16, D // 16
+    DWP, STW = _padded(D // 2), _padded(BM // 2)
+    K_OFF, V_OFF, Q_OFF = 0, BN * DWP, 2 * BN * DWP
+    DO_OFF = Q_OFF + 2 * BM * DWP
+    ST_OFF = DO_OFF + 2 * BM * DWP
+    L_OFF = ST_OFF + BN * STW
+    DC = min(D, 64)                       # dQ: columns per unit of work
+    MQ, NCH = BM // 16, D // DC
+    # Local array sizes must be plain constants (an expression in the kernel types as a
+    # runtime integer on a GPU).
+    ACC_N, DQ_N, PA_N = D // 2, DC // 2, BN // 4
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
     u32, f32 = types.uint32, types.float32
 
-    def kernel(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
+    def kernel(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
                heads_ratio, scale, scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm):
         ktile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
@@ -670,53 +772,70 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         warp = tid >> 5
         lane = tid & 31
         k0 = ktile * BN
-        offset = seqlen_k - seqlen_q
-        ks = cuda.shared.array((BN, DW), u32)
-        vs = cuda.shared.array((BN, DW), u32)
-        qs = cuda.shared.array((BM, DW), u32)
-        dos = cuda.shared.array((BM, DW), u32)
-        dst = cuda.shared.array((BN, ST_N), u32)        # dS^T (BM / 2 words), for the dQ product
-        ls = cuda.shared.array(BM, f32)
-        dls = cuda.shared.array(BM, f32)
-        st = cuda.local.array(ST_N, f32)
-        dpt = cuda.local.array(ST_N, f32)
-        pkp = cuda.local.array(PK_N, u32)
-        pkd = cuda.local.array(PK_N, u32)
+        dyn = cuda.shared.array(0, u32)
+        dynf = cuda.shared.array(0, f32)
+        ks = shared_view(dyn, K_OFF, BN, DWP)
+        vs = shared_view(dyn, V_OFF, BN, DWP)
+        qs = shared_view(dyn, Q_OFF, 2 * BM, DWP)        # two buffers of BM rows
+        dos = shared_view(dyn, DO_OFF, 2 * BM, DWP)
+        dst = shared_view(dyn, ST_OFF, BN, STW)          # dS^T, for the dQ product
+        ls = shared_view(dynf, L_OFF, 2, BM)
+        dls = shared_view(dynf, L_OFF + 2 * BM, 2, BM)
+        st = cuda.local.array(8, f32)
+        dpt = cuda.local.array(8, f32)
+        pkp = cuda.local.array(4, u32)
+        pkd = cuda.local.array(4, u32)
         dk = cuda.local.array(ACC_N, f32)
         dv = cuda.local.array(ACC_N, f32)
         dqa = cuda.local.array(DQ_N, f32)
         pka = cuda.local.array(PA_N, u32)
-        load_tile(ks, k, b, k0, hk, seqlen_k, tid, NT)
-        load_tile(vs, v, b, k0, hk, seqlen_k, tid, NT)
         zero(dk, ACC_N)
         zero(dv, ACC_N)
-        lo, hi = query_rows(k0, min(k0 + BN, seqlen_k), seqlen_q, offset, has_left, has_right,
-                            has_sinks, wl, wr, sinks)
-        for qt in range(lo // BM, (hi + BM - 1) // BM if hi > lo else 0):
-            r0 = qt * BM
-            skip, full = tile_kind(KIND, mk_mm, ktile, r0, BM, k0, BN, seqlen_q, seqlen_k,
-                                   has_left, has_right, has_sinks, wl, wr, sinks)
-            if skip:
-                continue
-            cuda.syncthreads()      # every warp is done with the previous tile (and dS^T)
-            load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, b, h, r0, seqlen_q, tid, NT)
-            cuda.syncthreads()
-            mma_abt(st, BF16, ks, 16 * warp, qs, NPQ, KS, lane)         # S^T = K Q^T
-            mma_abt(dpt, BF16, vs, 16 * warp, dos, NPQ, KS, lane)       # dP^T = V dO^T
-            probs_grads(st, dpt, pkp, pkd, 2 * NPQ, lane, True, 16 * warp, r0, k0, ls, dls,
-                        scale_log2, cap_in, cap_log2, has_softcap, BF16, full, seqlen_q,
-                        seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks, KIND, mk_iv)
-            mma_pb(dv, BF16, pkp, dos, NPQ, NPD, 0, lane)               # dV += P^T dO
-            mma_pb(dk, BF16, pkd, qs, NPQ, NPD, 0, lane)                # dK += dS^T Q
+        lo, hi = query_rows(k0, min(k0 + BN, seqlen_k), seqlen_q, seqlen_k - seqlen_q,
+                            has_left, has_right, has_sinks, wl, wr, sinks)
+        end = (hi + BM - 1) // BM if hi > lo else 0
+        t = next_query_tile(lo // BM, end, KIND, mk_mm, ktile, BM, k0, BN, seqlen_q, seqlen_k,
+                            has_left, has_right, has_sinks, wl, wr, sinks)
+        prefetch_rows(ks, 0, k, b, k0, hk, seqlen_k, BN, tid, NT)
+        prefetch_rows(vs, 0, v, b, k0, hk, seqlen_k, BN, tid, NT)
+        if t < end:
+            prefetch_rows(qs, 0, q, b, t * BM, h, seqlen_q, BM, tid, NT)
+            prefetch_rows(dos, 0, dout, b, t * BM, h, seqlen_q, BM, tid, NT)
+            prefetch_stats(ls, dls, 0, lse2, delta, b, h, t * BM, tid)
+        cp_async_commit()
+        cur = 0
+        while t < end:
+            nxt = next_query_tile(t + 1, end, KIND, mk_mm, ktile, BM, k0, BN, seqlen_q,
+                                  seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
+            cp_async_wait_all()
+            cuda.syncthreads()      # tile t has landed; every warp is done with buffer 1 - cur
+            if nxt < end:
+                prefetch_rows(qs, (1 - cur) * BM, q, b, nxt * BM, h, seqlen_q, BM, tid, NT)
+                prefetch_rows(dos, (1 - cur) * BM, dout, b, nxt * BM, h, seqlen_q, BM, tid, NT)
+                prefetch_stats(ls, dls, 1 - cur, lse2, delta, b, h, nxt * BM, tid)
+            cp_async_commit()
+            r0 = t * BM
+            _, full = tile_kind(KIND, mk_mm, ktile, r0, BM, k0, BN, seqlen_q, seqlen_k,
+                                has_left, has_right, has_sinks, wl, wr, sinks)
+            for sl in range(MQ):
+                row = cur * BM + 16 * sl              # the slice's first row in the buffers
+                mma_abt(st, BF16, ks, 16 * warp, qs, row, 1, KS, lane)      # S^T = K Q^T
+                mma_abt(dpt, BF16, vs, 16 * warp, dos, row, 1, KS, lane)    # dP^T = V dO^T
+                probs_grads(st, dpt, pkp, pkd, 2, lane, True, 16 * warp, r0 + 16 * sl, k0,
+                            ls[cur], dls[cur], 16 * sl, scale_log2, cap_in, cap_log2,
+                            has_softcap, BF16, full, seqlen_q, seqlen_k, has_left, has_right,
+                            has_sinks, wl, wr, sinks, KIND, mk_iv)
+                mma_pb(dv, BF16, pkp, dos, row, 1, NPD, 0, lane)            # dV += P^T dO
+                mma_pb(dk, BF16, pkd, qs, row, 1, NPD, 0, lane)             # dK += dS^T Q
+                if ATOMIC:
+                    store_packed(dst, 16 * warp, 8 * sl, pkd, 2, lane)
             if ATOMIC:
-                store_packed(dst, 16 * warp, pkd, 2 * NPQ, lane)
-                cuda.syncthreads()
-                mq = warp % MQ
-                zero(dqa, DQ_N)
-                transposed_fragments(pka, dst, 8 * mq, BN // 16, lane)
-                mma_pb(dqa, BF16, pka, ks, BN // 16, DC // 16, (warp // MQ) * DC // 2, lane)
-                store_fragments(dq_acc, b, r0 + 16 * mq, h, dqa, scale, seqlen_q,
-                                (warp // MQ) * DC, DC // 8, lane, True)
+                cuda.syncthreads()                    # dS^T of the whole tile is in place
+                dq_from_shared(dq_acc, dqa, pka, BF16, dst, ks, b, h, r0, seqlen_q, scale, warp,
+                               WARPS, MQ, NCH, DC, BN, lane)
+            cur = 1 - cur
+            t = nxt
+        cp_async_wait_all()         # nothing may be in flight when the block exits
         store_fragments(dk_acc, b, k0 + 16 * warp, h, dk, scale, seqlen_k, 0, D // 8, lane, False)
         store_fragments(dv_acc, b, k0 + 16 * warp, h, dv, np.float32(1.0), seqlen_k, 0, D // 8,
                         lane, False)
@@ -730,28 +849,28 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
                        warps: int = 0, block_m: int = 0, block_n: int = 0):
     """Row-parallel dQ kernel on tensor cores (deterministic mode), float16 / bfloat16.
 
-    Kernel ``(q, k, v, dout, lse, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
+    Kernel ``(q, k, v, dout, lse2, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
     scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv, mk_mm)``: arrays as
     in ``make_mma_dkdv_kernel``; dq_acc float32 (B, Sq, Hq, D) written; mk_mm the min/max of
     ``block_n``-key tiles.
 
-    Geometry: the dual of the dK / dV kernel: warp w owns query rows 16 w .. 16 w + 15 of the
+    Geometry (``mma_dq_layout``): the dual of the dK / dV kernel: warp w owns query rows 16 w .. 16 w + 15 of the
     ``block_m = 16 warps`` row tile (Q, dO, lse, delta in shared memory, dQ in registers), key
     tiles of ``block_n`` keys (K, V in shared memory). Per tile: S = Q K^T, dP = dO V^T, P and dS
     in registers, dQ += dS K. Grid ``(ceil(Sq / block_m), B * Hq)``, ``32 warps`` threads.
     """
     D = int(head_dim)
-    W0, _, N0 = mma_layout(D)
+    W0, _, N0 = mma_dq_layout(D)
     WARPS = warps or W0
     BM, BN = 16 * int(WARPS), int(block_n or N0)
     assert not block_m or block_m == BM, (block_m, BM)
-    NT, DW, KS, NPK, NPD = 32 * WARPS, D // 2, D // 16, BN // 16, D // 16
+    NT, DWP, KS, NPK, NPD = 32 * WARPS, _padded(D // 2), D // 16, BN // 16, D // 16
     assert D % 16 == 0 and BN % 16 == 0, (D, BN)
     S_N, PK_N, ACC_N = BN // 2, BN // 4, D // 2
     BF16, KIND = bool(is_bf16), int(mask_kind)
     u32, f32 = types.uint32, types.float32
 
-    def kernel(q, k, v, dout, lse, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
+    def kernel(q, k, v, dout, lse2, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
                scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm):
         qtile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
@@ -763,10 +882,10 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
         r0 = qtile * BM
         r1 = min(r0 + BM, seqlen_q)
         offset = seqlen_k - seqlen_q
-        qs = cuda.shared.array((BM, DW), u32)
-        dos = cuda.shared.array((BM, DW), u32)
-        ks = cuda.shared.array((BN, DW), u32)
-        vs = cuda.shared.array((BN, DW), u32)
+        qs = cuda.shared.array((BM, DWP), u32)
+        dos = cuda.shared.array((BM, DWP), u32)
+        ks = cuda.shared.array((BN, DWP), u32)
+        vs = cuda.shared.array((BN, DWP), u32)
         ls = cuda.shared.array(BM, f32)
         dls = cuda.shared.array(BM, f32)
         s = cuda.local.array(S_N, f32)
@@ -774,7 +893,7 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
         pkp = cuda.local.array(PK_N, u32)
         pkd = cuda.local.array(PK_N, u32)
         dq = cuda.local.array(ACC_N, f32)
-        load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, b, h, r0, seqlen_q, tid, NT)
+        load_query_tile(qs, dos, ls, dls, q, dout, lse2, delta, b, h, r0, seqlen_q, tid, NT)
         zero(dq, ACC_N)
         tile_lo, tile_hi, tile, last, sink_tiles = key_tiles(
             r0 + offset, r1 - 1 + offset, seqlen_k, BN, has_left, has_right, has_sinks, wl, wr,
@@ -788,12 +907,12 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
                 load_tile(ks, k, b, k0, hk, seqlen_k, tid, NT)
                 load_tile(vs, v, b, k0, hk, seqlen_k, tid, NT)
                 cuda.syncthreads()
-                mma_abt(s, BF16, qs, 16 * warp, ks, NPK, KS, lane)      # S = Q K^T
-                mma_abt(dp, BF16, dos, 16 * warp, vs, NPK, KS, lane)    # dP = dO V^T
-                probs_grads(s, dp, pkp, pkd, 2 * NPK, lane, False, 16 * warp, r0, k0, ls, dls,
+                mma_abt(s, BF16, qs, 16 * warp, ks, 0, NPK, KS, lane)      # S = Q K^T
+                mma_abt(dp, BF16, dos, 16 * warp, vs, 0, NPK, KS, lane)    # dP = dO V^T
+                probs_grads(s, dp, pkp, pkd, 2 * NPK, lane, False, 16 * warp, r0, k0, ls, dls, 0,
                             scale_log2, cap_in, cap_log2, has_softcap, BF16, full, seqlen_q,
                             seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks, KIND, mk_iv)
-                mma_pb(dq, BF16, pkd, ks, NPK, NPD, 0, lane)            # dQ += dS K
+                mma_pb(dq, BF16, pkd, ks, 0, NPK, NPD, 0, lane)            # dQ += dS K
             tile += 1
             if has_sinks and tile >= sink_tiles and tile < tile_lo:
                 tile = tile_lo

@@ -1,12 +1,14 @@
 """The backward's runtime: ``backward_cuda`` (numba_flash.attention_backward's GPU door) and
 ``backward_kernels`` (the kernels of kernels/backward.py on the caller's arrays: outputs, fp32 /
-fp64 workspaces, kernel cache). The kernels launch through Numba's dispatcher on device-array
-wrappers of the caller's memory (no copies); driver-API plans as for the forward are future
-work (docs/backward.md, "Status").
+fp64 workspaces, kernel cache). The 16-bit dK / dV kernel (the main cost, 112 KB of dynamic
+shared memory at head_dim 128) launches through a driver-API plan (launch/driver.py); the small
+kernels and the CUDA-core paths through Numba's dispatcher on device-array wrappers of the
+caller's memory (no copies).
 
 Order of the launches on one stream:
 
-1. preprocess: delta = rowsum(dO * O) (B, Hq, Sq) in the accumulator dtype;
+1. preprocess: delta = rowsum(dO * O) and the base-2 lse, (B, Hq, SqP) in the accumulator
+   dtype, rows padded to a multiple of ``ROW_PAD``;
 2. dK / dV kernel (column-parallel); unless ``deterministic`` it also adds dQ by atomics into a
    zeroed accumulator (B, Sq, Hq, D);
 3. ``deterministic``: the row-parallel dQ kernel writes the dQ accumulator (no atomics);
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import cuda
+from numba.cuda import types
 
 from numba_flash_reference.intervals import NotRepresentableError
 
@@ -25,10 +28,13 @@ from ..kernels import backward as bw
 from ..kernels.masking import INTERVALS, NONE
 from ..kernels.tile_classes import tile_minmax
 from ..primitives import SIMULATOR
-from .arrays import array_kind, dtype_name as array_dtype, empty_like_kind, kernel_array
+from .arrays import (array_kind, dtype_name as array_dtype, empty_like_kind, fixed_param, interface,
+                     kernel_array)
 from .attention import window_flags
+from .driver import (LaunchPlan, ScalarParam, compile_kernel, current_device,
+                     raise_dynamic_smem_limit)
 from .maskplan import dummy_arrays
-from .streams import numba_stream
+from .streams import numba_stream, raw_stream_handle
 
 __all__ = ["backward_cuda", "backward_kernels", "backward_geometry"]
 
@@ -46,14 +52,22 @@ def _cached(key, build):
 
 def backward_geometry(dtype_name: str, head_dim: int, tiles=None) -> dict:
     """Launch geometry of the dK / dV and dQ kernels for one dtype and head_dim: threads per
-    block, owned rows per block, streamed tile rows (``tiles``: an override (a, b, c) = (lanes,
-    owned, streamed) for the CUDA-core path or (warps, block_n, block_m) for tensor cores)."""
+    block, keys owned per dK / dV block (``block_n``), rows per streamed query tile
+    (``block_m``), keys per streamed tile of the deterministic dQ kernel (``dq_block_n``; its
+    blocks own ``block_n`` rows). ``tiles``: an override (a, b, c) = (lanes, owned, streamed)
+    for the CUDA-core path or (warps, block_n, block_m) for tensor cores (tests; the dQ kernel
+    then streams ``block_m``-key tiles)."""
     if dtype_name in _HALF:
         warps, bn, bm = tiles or bw.mma_layout(head_dim)
-        return dict(path="mma", threads=32 * warps, block_n=bn, block_m=bm, warps=warps)
+        dq_bn = tiles[2] if tiles else bw.mma_dq_layout(head_dim)[2]
+        if tiles is None and bw.mma_dq_layout(head_dim)[:2] != (warps, bn):
+            raise AssertionError("the dK / dV and dQ layouts must own the same blocks")
+        return dict(path="mma", threads=32 * warps, block_n=bn, block_m=bm, warps=warps,
+                    dq_block_n=dq_bn, smem=bw.mma_dkdv_smem_bytes(head_dim, warps, bm))
     itemsize = 8 if _FULL[dtype_name] else 4
     lanes, own, streamed = tiles or bw.fma_layout(head_dim, itemsize)
-    return dict(path="fma", threads=lanes * own, block_n=own, block_m=streamed, lanes=lanes)
+    return dict(path="fma", threads=lanes * own, block_n=own, block_m=streamed, lanes=lanes,
+                dq_block_n=streamed)
 
 
 def _zeros(kind, shape, dtype, stream):
@@ -134,19 +148,24 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
 
     geo = backward_geometry(dtype_name, head_dim, tiles)
     bn, bm, threads = geo["block_n"], geo["block_m"], geo["threads"]
-    mask_kind, iv, (mm_kv, mm_q) = _mask_arrays(mask, seqlen_q, seqlen_k, (bn, bm), launch_stream)
+    mask_kind, iv, (mm_kv, mm_q) = _mask_arrays(mask, seqlen_q, seqlen_k,
+                                                (bn, geo["dq_block_n"]), launch_stream)
     # Each array by its own kind: a bfloat16 caller may hold torch tensors and a CuPy lse.
     wrap = lambda x: kernel_array(x, array_kind(x), half)           # noqa: E731
+    if half:
+        _check_rows_aligned(q=q, k=k, v=v, dout=dout)
     kq, kk, kv, ko, kdo = (wrap(x) for x in (q, k, v, out, dout))
     klse = kernel_array(lse, array_kind(lse), False)
     scale = float(softmax_scale)
     cap = float(softcap) if has_softcap else 1.0
 
-    delta = _empty(kind, (batch, heads_q, seqlen_q), acc_dt, launch_stream)
+    rows_padded = -(-seqlen_q // bw.ROW_PAD) * bw.ROW_PAD
+    delta, lse2 = (_empty(kind, (batch, heads_q, rows_padded), acc_dt, launch_stream)
+                   for _ in range(2))
     pre = _cached(("pre", half, _HALF.get(dtype_name, False), is_f64),
                   lambda: bw.make_preprocess_kernel(half, _HALF.get(dtype_name, False), is_f64))
-    pre[((seqlen_q + bw.PRE_THREADS - 1) // bw.PRE_THREADS, batch * heads_q), bw.PRE_THREADS,
-        launch_stream](ko, kdo, delta)
+    pre[((rows_padded + bw.PRE_THREADS - 1) // bw.PRE_THREADS, batch * heads_q), bw.PRE_THREADS,
+        launch_stream](ko, kdo, klse, delta, lse2)
 
     dq_acc = (_empty if deterministic else _zeros)(kind, q.shape, acc_dt, launch_stream)
     direct = not half and ratio == 1
@@ -157,14 +176,22 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
         dk_acc, dv_acc = (_empty(kind, part_shape, acc_dt, launch_stream) for _ in range(2))
     common = (seqlen_q, seqlen_k, ratio)
     windows = (left, right, int(sinks))
+    n_k, n_q = (seqlen_k + bn - 1) // bn, (seqlen_q + bn - 1) // bn
     if half:
         fdt = np.float32
         scalars = (fdt(scale), fdt(scale * bw.LOG2E), fdt(scale / cap), fdt(cap * bw.LOG2E))
-        key = (head_dim, _HALF[dtype_name]) + flags + (mask_kind, geo["warps"], bn, bm)
-        dkdv = _cached(("mma_dkdv", not deterministic) + key,
-                       lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic, *key[6:]))
-        dqk = _cached(("mma_dq",) + key, lambda: bw.make_mma_dq_kernel(*key)) \
-            if deterministic else None
+        key = (head_dim, _HALF[dtype_name]) + flags + (mask_kind, geo["warps"], bn)
+        dkdv = _cached(("mma_dkdv", not deterministic) + key + (bm,),
+                       lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic, *key[6:], bm))
+        _launch_dynamic(dkdv, (n_k, batch * heads_q), threads, geo["smem"], stream, kind, q,
+                        launch_stream, (kq, kk, kv, kdo, lse2, delta, dq_acc, dk_acc, dv_acc,
+                                        *common, *scalars, *windows, iv, mm_kv))
+        if deterministic:
+            dq_bn = geo["dq_block_n"]
+            dqk = _cached(("mma_dq",) + key + (dq_bn,),
+                          lambda: bw.make_mma_dq_kernel(*key, dq_bn))
+            dqk[(n_q, batch * heads_q), threads, launch_stream](
+                kq, kk, kv, kdo, lse2, delta, dq_acc, *common, *scalars, *windows, iv, mm_q)
     else:
         fdt = acc_dt
         scalars = (fdt(scale), fdt(scale / cap), fdt(cap))
@@ -172,15 +199,14 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
         geo_args = (mask_kind, geo["lanes"], bn, bm)
         dkdv = _cached(("fma_dkdv", not deterministic) + key + geo_args,
                        lambda: bw.make_fma_dkdv_kernel(*key, not deterministic, *geo_args))
-        dqk = _cached(("fma_dq",) + key + geo_args,
-                      lambda: bw.make_fma_dq_kernel(*key, *geo_args)) if deterministic else None
-    n_k, n_q = (seqlen_k + bn - 1) // bn, (seqlen_q + bn - 1) // bn
-    dkdv[(n_k, batch * heads_q), threads, launch_stream](
-        kq, kk, kv, kdo, klse, delta, dq_acc, dk_acc, dv_acc, *common, *scalars, *windows, iv,
-        mm_kv)
-    if deterministic:
-        dqk[(n_q, batch * heads_q), threads, launch_stream](
-            kq, kk, kv, kdo, klse, delta, dq_acc, *common, *scalars, *windows, iv, mm_q)
+        dkdv[(n_k, batch * heads_q), threads, launch_stream](
+            kq, kk, kv, kdo, klse, delta, dq_acc, dk_acc, dv_acc, *common, *scalars, *windows,
+            iv, mm_kv)
+        if deterministic:
+            dqk = _cached(("fma_dq",) + key + geo_args,
+                          lambda: bw.make_fma_dq_kernel(*key, *geo_args))
+            dqk[(n_q, batch * heads_q), threads, launch_stream](
+                kq, kk, kv, kdo, klse, delta, dq_acc, *common, *scalars, *windows, iv, mm_q)
 
     reduce = _cached(("reduce", half, _HALF.get(dtype_name, False)),
                      lambda: bw.make_reduce_kernel(half, _HALF.get(dtype_name, False)))
@@ -196,6 +222,41 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
         _reduce(dk_acc, dk, ratio)
         _reduce(dv_acc, dv, ratio)
     return dq, dk, dv
+
+
+def _check_rows_aligned(**arrays):
+    """The 16-bit kernels copy rows in 16-byte pieces (cp.async): pointers and the strides of
+    the first three axes must be multiples of 16 bytes."""
+    if SIMULATOR:
+        return
+    for name, x in arrays.items():
+        ptr, _, strides, _, _ = interface(x, array_kind(x))
+        if ptr % 16 or any(st % 16 for st in strides[:3]):
+            raise ValueError(f"{name} must be 16-byte aligned (pointer and the strides of its "
+                             f"first three axes) for the 16-bit backward, got strides "
+                             f"{tuple(strides)} bytes; make a contiguous copy")
+
+
+_SMEM_RAISED: set = set()
+
+
+def _launch_dynamic(kern, grid, threads, smem, stream, kind, like, launch_stream, args):
+    """Launch ``kern`` with ``smem`` bytes of dynamic shared memory: in the simulator through
+    the dispatcher, on a GPU through a driver-API plan (the per-kernel limit raised past the
+    default 48 KB once per kernel and device)."""
+    if SIMULATOR:
+        kern[grid, threads, launch_stream, smem](*args)
+        return
+    params = [fixed_param(a) if hasattr(a, "__cuda_array_interface__") else
+              ScalarParam(types.float32 if isinstance(a, np.float32) else types.int64, a)
+              for a in args]
+    cufunc = compile_kernel(kern, params)
+    device = current_device()
+    if (id(cufunc), device) not in _SMEM_RAISED:
+        raise_dynamic_smem_limit(cufunc.handle, smem, device)
+        _SMEM_RAISED.add((id(cufunc), device))
+    plan = LaunchPlan(cufunc, params, grid, threads, smem, keep=(args,))
+    plan.launch([], raw_stream_handle(stream, kind, like))
 
 
 def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic=False, stream=None):

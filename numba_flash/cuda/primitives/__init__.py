@@ -13,7 +13,7 @@ stand-in for Numba's CUDA simulator so that kernel source is the same on both.
 * ``fastmath``: ``exp2`` on the special-function unit.
 * ``sync``: acquire-release atomics and paired global loads / stores (decode's folded merge).
 * ``wgmma``: Hopper warpgroup matrix products, shared-memory descriptors and addresses.
-* ``smem``: vectorised shared-memory loads.
+* ``smem``: vectorised shared-memory loads, 2-D views of dynamic shared memory.
 * ``vector``: 16-byte read-only global loads, 16-bit -> float32 unpacking.
 * ``grid``: programmatic dependent launch (griddepcontrol).
 
@@ -30,7 +30,7 @@ from .sync import arrive_acq_rel, bcast0, ld2, st2
 from .warp import ballot, lowest_bit, shfl_idx, shfl_xor, syncwarp
 from .wgmma import (cp_async4_to, cp_async16_to, fence_proxy_async, lds_i32x2, shared_addr,
                     sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
-from .smem import lds16
+from .smem import lds16, shared_view
 from .grid import grid_dependency_wait, grid_launch_dependents
 from .vector import ld_v4, unpack16, unpack_bf16, unpack_f16
 from .mma_exact import mma_f64, mma_tf32, split_tf32
