@@ -6,6 +6,7 @@
 #   bash scripts/gpu_run.sh racecheck  # the same with racecheck
 #   bash scripts/gpu_run.sh bench      # launch overhead, backward, forward quick
 #   bash scripts/gpu_run.sh bench2     # exact precisions with the tensor-core kernels, decode
+#   bash scripts/gpu_run.sh first      # first call per operation in fresh processes, cold / warm
 #
 # Every step writes its raw output under $OUT (default ./out) and prints a short tail.
 set -uo pipefail
@@ -34,6 +35,9 @@ case "${1:-}" in
       --out "$OUT/exact.json") | tail -6
     timeout 120 python scripts/bench_decode.py --quick --out "$OUT/decode.json" \
       --plot "$OUT/decode.png" | tail -8 ;;
+  first)
+    timeout 500 python scripts/bench_first_call.py --json "$OUT/first_call.json" \
+      | tee "$OUT/first_call.log" | tail -16 ;;
   *)
-    echo "usage: bash scripts/gpu_run.sh tests|memcheck|racecheck|bench|bench2" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_run.sh tests|memcheck|racecheck|bench|bench2|first" >&2; exit 2 ;;
 esac
