@@ -41,8 +41,8 @@ from numba import cuda
 from numba.cuda import types
 
 from ..primitives import (cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_all, exp2,
-                          ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shared_view, shfl_xor,
-                          unpack16)
+                          ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, red_add2, shared_view,
+                          shfl_xor, unpack16)
 from .jitcache import jit_kernel
 from .masking import INTERVALS, NONE, key_tiles
 from .tile_classes import FULL, SKIP, interval_class
@@ -504,13 +504,14 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
 # dV += P^T dO, and dS^T the A operand of dK += dS^T Q.
 def mma_layout(head_dim: int):
     """(warps, keys owned per block = 16 x warps, rows per streamed query tile) of the 16-bit
-    dK / dV kernel. Up to head_dim 128: 4 warps own 64 keys and stream 64-row query tiles,
-    double-buffered in dynamic shared memory (``mma_dkdv_smem_bytes``: 112 KB at 128, two
-    blocks per SM); each tile is worked in 16-row slices so that the per-warp fragment arrays
-    stay small and in registers. head_dim 256: one warp, 16 keys, 16-row tiles (its dK / dV
+    dK / dV kernel. Up to head_dim 128: 8 warps own 128 keys (as FlashAttention-2's: half the
+    dQ atomics and Q / dO traffic of 64) and stream 64-row query tiles, double-buffered in
+    dynamic shared memory (``mma_dkdv_smem_bytes``: 159 KB at 128, one block per SM; 93 KB at
+    64, two); each tile is worked in 16-row slices so that the per-warp fragment arrays stay
+    small and in registers. head_dim 256: one warp, 16 keys, 16-row tiles (its dK / dV
     accumulators alone fill the register file)."""
     if head_dim <= 128:
-        return 4, 64, 64
+        return 8, 128, 64
     return 1, 16, 16
 
 
@@ -635,18 +636,21 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
 def store_fragments(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, atomic):
     """Rows r0 + g (+ 8) and columns col0 + 8 j + 2 t (+ 1) of a warp's accumulator (n-tiles
     0 .. n_tiles) times ``factor`` into ``dst[b, row, h, col]`` (rows below ``limit``), stored,
-    or added by atomics."""
+    or added by atomics (one two-float reduction per pair of columns)."""
     g = lane >> 2
     t = lane & 3
     for j in range(n_tiles):
-        for e in range(4):
-            row = r0 + g + 4 * (e & 2)
+        for e in range(0, 4, 2):
+            row = r0 + g + 4 * e
             if row < limit:
-                col = col0 + 8 * j + 2 * t + (e & 1)
+                col = col0 + 8 * j + 2 * t
+                x0 = acc[4 * j + e] * factor
+                x1 = acc[4 * j + e + 1] * factor
                 if atomic:
-                    cuda.atomic.add(dst, (b, row, h, col), acc[4 * j + e] * factor)
+                    red_add2(dst, b, row, h, col, x0, x1)
                 else:
-                    dst[b, row, h, col] = acc[4 * j + e] * factor
+                    dst[b, row, h, col] = x0
+                    dst[b, row, h, col + 1] = x1
 
 
 @cuda.jit(device=True, inline=True)

@@ -53,21 +53,20 @@ def _cached(key, build):
 def backward_geometry(dtype_name: str, head_dim: int, tiles=None) -> dict:
     """Launch geometry of the dK / dV and dQ kernels for one dtype and head_dim: threads per
     block, keys owned per dK / dV block (``block_n``), rows per streamed query tile
-    (``block_m``), keys per streamed tile of the deterministic dQ kernel (``dq_block_n``; its
-    blocks own ``block_n`` rows). ``tiles``: an override (a, b, c) = (lanes, owned, streamed)
-    for the CUDA-core path or (warps, block_n, block_m) for tensor cores (tests; the dQ kernel
-    then streams ``block_m``-key tiles)."""
+    (``block_m``); the deterministic dQ kernel's blocks own ``dq_block_m`` rows and stream
+    ``dq_block_n``-key tiles. ``tiles``: an override (a, b, c) = (lanes, owned, streamed) for
+    the CUDA-core path or (warps, owned, streamed) for tensor cores, the same for both kernels
+    (tests)."""
     if dtype_name in _HALF:
         warps, bn, bm = tiles or bw.mma_layout(head_dim)
-        dq_bn = tiles[2] if tiles else bw.mma_dq_layout(head_dim)[2]
-        if tiles is None and bw.mma_dq_layout(head_dim)[:2] != (warps, bn):
-            raise AssertionError("the dK / dV and dQ layouts must own the same blocks")
+        dq_warps, dq_bm, dq_bn = tiles or bw.mma_dq_layout(head_dim)
         return dict(path="mma", threads=32 * warps, block_n=bn, block_m=bm, warps=warps,
-                    dq_block_n=dq_bn, smem=bw.mma_dkdv_smem_bytes(head_dim, warps, bm))
+                    smem=bw.mma_dkdv_smem_bytes(head_dim, warps, bm), dq_warps=dq_warps,
+                    dq_block_m=dq_bm, dq_block_n=dq_bn)
     itemsize = 8 if _FULL[dtype_name] else 4
     lanes, own, streamed = tiles or bw.fma_layout(head_dim, itemsize)
     return dict(path="fma", threads=lanes * own, block_n=own, block_m=streamed, lanes=lanes,
-                dq_block_n=streamed)
+                dq_warps=0, dq_block_m=own, dq_block_n=streamed)
 
 
 def _zeros(kind, shape, dtype, stream):
@@ -176,7 +175,8 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
         dk_acc, dv_acc = (_empty(kind, part_shape, acc_dt, launch_stream) for _ in range(2))
     common = (seqlen_q, seqlen_k, ratio)
     windows = (left, right, int(sinks))
-    n_k, n_q = (seqlen_k + bn - 1) // bn, (seqlen_q + bn - 1) // bn
+    n_k = (seqlen_k + bn - 1) // bn
+    n_q = (seqlen_q + geo["dq_block_m"] - 1) // geo["dq_block_m"]
     if half:
         fdt = np.float32
         scalars = (fdt(scale), fdt(scale * bw.LOG2E), fdt(scale / cap), fdt(cap * bw.LOG2E))
@@ -187,10 +187,9 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
                         launch_stream, (kq, kk, kv, kdo, lse2, delta, dq_acc, dk_acc, dv_acc,
                                         *common, *scalars, *windows, iv, mm_kv))
         if deterministic:
-            dq_bn = geo["dq_block_n"]
-            dqk = _cached(("mma_dq",) + key + (dq_bn,),
-                          lambda: bw.make_mma_dq_kernel(*key, dq_bn))
-            dqk[(n_q, batch * heads_q), threads, launch_stream](
+            dq_key = key[:-2] + (geo["dq_warps"], geo["dq_block_m"], geo["dq_block_n"])
+            dqk = _cached(("mma_dq",) + dq_key, lambda: bw.make_mma_dq_kernel(*dq_key))
+            dqk[(n_q, batch * heads_q), 32 * geo["dq_warps"], launch_stream](
                 kq, kk, kv, kdo, lse2, delta, dq_acc, *common, *scalars, *windows, iv, mm_q)
     else:
         fdt = acc_dt
