@@ -20,6 +20,15 @@ def test_config_qualname_is_deterministic_and_distinct():
     assert out.stdout.strip() == a
 
 
+def test_qualname_follows_the_kernel_sources(monkeypatch):
+    """An edit anywhere in the kernel house (a device helper in another module than the kernel,
+    which Numba's own cache check would miss) gives every configuration a new name."""
+    assert len(jitcache.source_digest()) == 40
+    before = jitcache.config_qualname("make.<locals>.kernel", ("mma", 128))
+    monkeypatch.setattr(jitcache, "source_digest", lambda: "an edited primitives/ module")
+    assert jitcache.config_qualname("make.<locals>.kernel", ("mma", 128)) != before
+
+
 def test_cache_files_differ_per_configuration():
     """Numba names a function's cache index after its qualified name: renamed closures of one
     factory get separate index files."""

@@ -8,22 +8,48 @@ workers, one process per GPU) can therefore write the same data file for differe
 leave an index entry that points at the other configuration's machine code. Giving each
 configuration its own qualified name gives it its own index file: concurrent writers of one
 configuration write identical bytes, and different configurations never meet.
+
+Numba invalidates a cache entry only when the kernel's own source file changes: an edit to a
+device helper in another module (primitives/, tile_ops.py, masking.py, ...) would leave stale
+machine code in the cache. The qualified name therefore also carries a digest of every source
+file of numba_flash/cuda/kernels and numba_flash/cuda/primitives (``source_digest``), so a
+changed kernel house, or another library version, never meets an old entry.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 
 from numba import cuda
 
 from ..primitives import SIMULATOR
 
-__all__ = ["jit_kernel", "config_qualname"]
+__all__ = ["jit_kernel", "config_qualname", "source_digest"]
+
+_CUDA_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """SHA-1 of the kernel house's sources (numba_flash/cuda/kernels and /primitives, every
+    .py file by relative path and content), read once per process."""
+    h = hashlib.sha1()
+    for sub in ("kernels", "primitives"):
+        folder = os.path.join(_CUDA_DIR, sub)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                h.update(f"{sub}/{name}".encode())
+                with open(os.path.join(folder, name), "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
 
 
 def config_qualname(qualname: str, config: tuple) -> str:
     """``qualname`` with a digest of ``config`` (a tuple of plain constants: ints, floats, bools,
-    strings, None) appended; the same in every process."""
-    digest = hashlib.sha1(repr(tuple(config)).encode()).hexdigest()[:12]
+    strings, None) and of the kernel sources appended; the same in every process of one
+    library version."""
+    digest = hashlib.sha1((repr(tuple(config)) + source_digest()).encode()).hexdigest()[:12]
     return f"{qualname}_{digest}"
 
 

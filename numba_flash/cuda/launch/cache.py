@@ -1,11 +1,13 @@
 """What Numba's on-disk kernel cache did for this process: per kernel family, how many
 specialisations were loaded from the cache (hits) and how many were compiled (misses).
 
-Kernels are cached per configuration (kernels/jitcache.py) in Numba's cache directory: next to
-the package's sources when writable, else under ``NUMBA_CACHE_DIR`` (set it to move the cache,
-e.g. to a shared or pre-warmed location). A cache entry is keyed by the kernel's signature, the
-GPU architecture, the numba-cuda version and hashes of the kernel's bytecode and closure
-constants, so it never serves another configuration, device generation or library version.
+Kernels are cached per configuration (kernels/jitcache.py) in Numba's cache directory: under
+``NUMBA_CACHE_DIR`` when it is set (set it to move the cache, e.g. to a shared or pre-warmed
+location), else next to the package's sources when writable (else Numba's user-wide fallback).
+A cache entry is keyed by the kernel's signature, the GPU architecture, the numba-cuda version,
+hashes of the kernel's bytecode and closure constants, and (in its name) a digest of every
+source file of the kernel house, so it never serves another configuration, device generation
+or library version.
 """
 from __future__ import annotations
 
