@@ -636,19 +636,20 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
 def store_fragments(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, atomic):
     """Rows r0 + g (+ 8) and columns col0 + 8 j + 2 t (+ 1) of a warp's accumulator (n-tiles
     0 .. n_tiles) times ``factor`` into ``dst[b, row, h, col]`` (rows below ``limit``), stored,
-    or added by atomics (one two-float reduction per pair of columns)."""
+    or added by atomics (one two-float reduction per pair of columns; ``dst`` C-contiguous)."""
     g = lane >> 2
     t = lane & 3
-    for j in range(n_tiles):
-        for e in range(0, 4, 2):
-            row = r0 + g + 4 * e
-            if row < limit:
-                col = col0 + 8 * j + 2 * t
+    for e in range(0, 4, 2):
+        row = r0 + g + 4 * e
+        if row < limit:
+            base = ((b * dst.shape[1] + row) * dst.shape[2] + h) * dst.shape[3] + col0 + 2 * t
+            for j in range(n_tiles):
                 x0 = acc[4 * j + e] * factor
                 x1 = acc[4 * j + e + 1] * factor
                 if atomic:
-                    red_add2(dst, b, row, h, col, x0, x1)
+                    red_add2(dst, base + 8 * j, x0, x1)
                 else:
+                    col = col0 + 8 * j + 2 * t
                     dst[b, row, h, col] = x0
                     dst[b, row, h, col + 1] = x1
 
@@ -666,11 +667,11 @@ def store_packed(ts, own0, col0, pk, n_tiles, lane):
 
 
 @cuda.jit(device=True, inline=True)
-def prefetch_rows(dst, drow, src, b, r0, h, limit, rows, tid, nthreads):
-    """Asynchronous copy of rows r0 .. r0 + rows of ``src[b, :, h, :]`` (uint32 words) into the
-    shared tile ``dst`` from row ``drow``, 16 bytes per copy; rows at or past ``limit`` become
-    zeros (their source address clamped into the array)."""
-    chunks = src.shape[3] // 4
+def prefetch_rows(dst, drow, src, b, r0, h, limit, rows, chunks, tid, nthreads):
+    """Asynchronous copy of rows r0 .. r0 + rows of ``src[b, :, h, :]`` (uint32 words,
+    ``chunks`` = words / 4 per row: a compile-time constant, so the division below is a
+    shift) into the shared tile ``dst`` from row ``drow``, 16 bytes per copy; rows at or past
+    ``limit`` become zeros (their source address clamped into the array)."""
     for i in range(tid, rows * chunks, nthreads):
         r = i // chunks
         c = 4 * (i - r * chunks)
@@ -752,7 +753,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     BN, BM = 16 * int(WARPS), int(block_m or M0)
     assert not block_n or block_n == BN, (block_n, BN)
     assert D % 16 == 0 and BM in (16, 32, 64) and ROW_PAD % BM == 0, (D, BM)
-    NT, KS, NPD = 32 * WARPS, D // 16, D // 16
+    NT, KS, NPD, CH = 32 * WARPS, D // 16, D // 16, D // 8
     DWP, STW = _padded(D // 2), _padded(BM // 2)
     K_OFF, V_OFF, Q_OFF = 0, BN * DWP, 2 * BN * DWP
     DO_OFF = Q_OFF + 2 * BM * DWP
@@ -800,11 +801,11 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         end = (hi + BM - 1) // BM if hi > lo else 0
         t = next_query_tile(lo // BM, end, KIND, mk_mm, ktile, BM, k0, BN, seqlen_q, seqlen_k,
                             has_left, has_right, has_sinks, wl, wr, sinks)
-        prefetch_rows(ks, 0, k, b, k0, hk, seqlen_k, BN, tid, NT)
-        prefetch_rows(vs, 0, v, b, k0, hk, seqlen_k, BN, tid, NT)
+        prefetch_rows(ks, 0, k, b, k0, hk, seqlen_k, BN, CH, tid, NT)
+        prefetch_rows(vs, 0, v, b, k0, hk, seqlen_k, BN, CH, tid, NT)
         if t < end:
-            prefetch_rows(qs, 0, q, b, t * BM, h, seqlen_q, BM, tid, NT)
-            prefetch_rows(dos, 0, dout, b, t * BM, h, seqlen_q, BM, tid, NT)
+            prefetch_rows(qs, 0, q, b, t * BM, h, seqlen_q, BM, CH, tid, NT)
+            prefetch_rows(dos, 0, dout, b, t * BM, h, seqlen_q, BM, CH, tid, NT)
             prefetch_stats(ls, dls, 0, lse2, delta, b, h, t * BM, tid)
         cp_async_commit()
         cur = 0
@@ -814,8 +815,10 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
             cp_async_wait_all()
             cuda.syncthreads()      # tile t has landed; every warp is done with buffer 1 - cur
             if nxt < end:
-                prefetch_rows(qs, (1 - cur) * BM, q, b, nxt * BM, h, seqlen_q, BM, tid, NT)
-                prefetch_rows(dos, (1 - cur) * BM, dout, b, nxt * BM, h, seqlen_q, BM, tid, NT)
+                prefetch_rows(qs, (1 - cur) * BM, q, b, nxt * BM, h, seqlen_q, BM, CH, tid,
+                              NT)
+                prefetch_rows(dos, (1 - cur) * BM, dout, b, nxt * BM, h, seqlen_q, BM, CH,
+                              tid, NT)
                 prefetch_stats(ls, dls, 1 - cur, lse2, delta, b, h, nxt * BM, tid)
             cp_async_commit()
             r0 = t * BM
