@@ -1,0 +1,38 @@
+"""One fp16 forward + backward of numba_flash on the GPU, for a profiler (Nsight Compute):
+
+    ncu -k regex:dkdv -c 1 --section SpeedOfLight --section WarpStateStats \
+        python scripts/experiments/backward_profile.py --n 4096 --head-dim 128 [--causal]
+
+Runs the call twice (the first compiles), synchronising after each.
+"""
+from __future__ import annotations
+
+import argparse
+
+import cupy as cp
+import numpy as np
+
+import numba_flash
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    args = ap.parse_args()
+    shape = (args.batch, args.n, args.heads, args.head_dim)
+    rng = cp.random.default_rng(0)
+    q, k, v, dout = (rng.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+                     for _ in range(4))
+    for _ in range(2):
+        out, lse = numba_flash.attention(q, k, v, causal=args.causal, return_lse=True)
+        grads = numba_flash.attention_backward(dout, q, k, v, out, lse, causal=args.causal)
+        cp.cuda.runtime.deviceSynchronize()
+    print("dq max", float(np.abs(cp.asnumpy(grads[0]).astype(np.float32)).max()))
+
+
+if __name__ == "__main__":
+    main()
