@@ -256,3 +256,20 @@ def fixed_param(x):
             strides.insert(0, acc)
             acc *= n
     return ArrayParam(_ELEMENTS[dtype.name], shape, strides, dtype.itemsize, ptr=cai["data"][0])
+
+
+_PLACEHOLDERS: dict = {}
+
+
+def placeholder(device: int, shape: tuple, dtype, fill=0):
+    """A small library-owned device array (zeros, or ``fill``) for a kernel argument that a
+    configuration never reads, made once per (device, shape, dtype, fill) and kept for the
+    process (plans hold its fixed pointer). NumPy in the simulator."""
+    if SIMULATOR:
+        return np.full(shape, fill, dtype=dtype)
+    key = (device, tuple(shape), np.dtype(dtype).str, fill)
+    arr = _PLACEHOLDERS.get(key)
+    if arr is None:
+        arr = _PLACEHOLDERS[key] = cuda.to_device(np.full(shape, fill, dtype=dtype))
+    return arr
+

@@ -20,7 +20,7 @@ from ..kernels.decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_su
 from ..kernels.merge import OUT_BF16, OUT_F16
 from ..primitives import SIMULATOR
 from .arrays import (BFloat16Array, caller_param, empty_like_kind, fixed_param, gpu_inputs,
-                     interface, kernel_array)
+                     interface, kernel_array, placeholder)
 from .attention import window_flags
 from .device import compute_capability, current_device_id, sm_count
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, stream_is_capturing
@@ -49,7 +49,6 @@ MMA_WARPS_PER_SM_PAGED_ANY = 8
 SHORT_SPLIT_KEYS = 1024      # fewer keys per split than this: one more warp per SM
 LAST_PLAN: dict = {}         # splits and tile of the last decode_cuda call (benchmarks read it)
 _MMA_KERNELS: dict = {}
-_DUMMIES: dict = {}
 _TREES: dict = {}
 _COUNTERS: dict = {}
 _KERNEL_PADS: dict = {}
@@ -219,16 +218,6 @@ def _counters(kind, device, n, stream):
         _top_up_spares(device, n)
     return buf
 
-
-
-def _dummy(device, shape, dtype):
-    """A small zeroed device array for an argument the configuration never reads."""
-    if SIMULATOR:
-        return np.zeros(shape, dtype=dtype)
-    key = (device, shape, np.dtype(dtype).str)
-    if key not in _DUMMIES:
-        _DUMMIES[key] = cuda.to_device(np.zeros(shape, dtype=dtype))
-    return _DUMMIES[key]
 
 
 def tree_row_bits(parents: np.ndarray, seqlen_q: int) -> np.ndarray:
@@ -463,18 +452,18 @@ def _decode_arrays(kind, d, q, k, v, block_table, cache_seqlens, out, lse, o_par
     o_part / lse_part are the stream's Numba arrays (fixed pointers), else the call's."""
     entries = [_caller(x, kind, True) for x in (q, k, v)]
     entries.append(_caller(block_table, kind) if d.paged else
-                   (fixed_param(_dummy(device, (1, 1), np.int32)), None))
-    entries.append((fixed_param(_dummy(device, (1,), np.int32)), None) if d.full_lens
+                   (fixed_param(placeholder(device, (1, 1), np.int32)), None))
+    entries.append((fixed_param(placeholder(device, (1,), np.int32)), None) if d.full_lens
                    else _caller(cache_seqlens, kind))
     tree = _tree_array(device, np.asarray(d.tree), d.seqlen_q) if d.tree is not None else \
-        _dummy(device, (1, 2), np.uint32)
+        placeholder(device, (1, 2), np.uint32)
     entries.append((fixed_param(tree), None))
     entries.append(_caller(out, kind, True))
     entries.append(_caller(lse, kind) if lse is not None else
-                   (fixed_param(_dummy(device, (1, 1, 1), np.float32)), None))
+                   (fixed_param(placeholder(device, (1, 1, 1), np.float32)), None))
     if o_part is None:
-        entries.append((fixed_param(_dummy(device, (1, 1, 1, 1, 1), np.float32)), None))
-        entries.append((fixed_param(_dummy(device, (1, 1, 1, 1), np.float32)), None))
+        entries.append((fixed_param(placeholder(device, (1, 1, 1, 1, 1), np.float32)), None))
+        entries.append((fixed_param(placeholder(device, (1, 1, 1, 1), np.float32)), None))
     elif workspace:
         entries += [(fixed_param(o_part), None), (fixed_param(lse_part), None)]
     else:
@@ -567,7 +556,7 @@ def _mma_plan(d, is_bf16, params, keep, dev, stream):
     policy (programmatic dependent launch, shared-memory pad) of ``launch_policy``."""
     fold = not d.direct
     counters = _counters("cuda", dev, d.batch * d.heads_kv * d.chunks, stream) if fold else \
-        _dummy(dev, (1,), np.int32)
+        placeholder(dev, (1,), np.int32)
     block_n, stages, warps = d.tile
     pdl_device = compute_capability(dev) >= (9, 0)
     config = [d.head_dim, is_bf16, d.paged, d.has_left, d.has_right, d.has_sinks,

@@ -26,6 +26,7 @@ from numba_flash_reference.intervals import NotRepresentableError
 from numba_flash_reference.masks import IntersectionMask, MaskModMask
 
 from ..kernels import tile_classes as tiles
+from .arrays import placeholder
 from .device import current_device_id
 from ..kernels.masking import BITMASK, INTERVALS, MASK_MOD, NONE
 from ..primitives import SIMULATOR
@@ -53,7 +54,7 @@ class _Dummies(NamedTuple):
     alibi: object
 
 
-_DUMMIES: dict = {}
+_DUMMY_SETS: dict = {}
 
 
 def _to_device(x):
@@ -66,14 +67,15 @@ def _device_key():
 
 
 def dummy_arrays() -> _Dummies:
-    """Tiny placeholder device arrays for the kernel arguments a configuration does not use."""
-    key = _device_key()
-    entry = _DUMMIES.get(key)
+    """The placeholders (arrays.placeholder) of the mask, cu_seqlens and ALiBi arguments that a
+    configuration does not use, on the current device."""
+    dev = current_device_id()
+    entry = _DUMMY_SETS.get(dev)
     if entry is None:
-        entry = _DUMMIES[key] = _Dummies(
-            _to_device(np.zeros((4, 1), np.int32)), _to_device(np.zeros((8, 1), np.int32)),
-            _to_device(np.ones((1, 1, 1), np.int8)), _to_device(np.zeros((1, 1), np.uint32)),
-            _to_device(np.zeros(2, np.int32)), _to_device(np.zeros((1, 1), np.float32)))
+        entry = _DUMMY_SETS[dev] = _Dummies(
+            placeholder(dev, (4, 1), np.int32), placeholder(dev, (8, 1), np.int32),
+            placeholder(dev, (1, 1, 1), np.int8, 1), placeholder(dev, (1, 1), np.uint32),
+            placeholder(dev, (2,), np.int32), placeholder(dev, (1, 1), np.float32))
     return entry
 
 
