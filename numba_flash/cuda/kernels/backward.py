@@ -41,8 +41,8 @@ from numba import cuda
 from numba.cuda import types
 
 from ..primitives import (cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_all, exp2,
-                          ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, red_add2, shared_view,
-                          shfl_xor, unpack16)
+                          ldmatrix_x4_a32, ldmatrix_x4_trans_a32, mma16, pack16, red_add2,
+                          shared_view, shfl_xor, unpack16)
 from .jitcache import jit_kernel
 from .masking import INTERVALS, NONE, key_tiles
 from .tile_classes import FULL, SKIP, interval_class
@@ -213,7 +213,8 @@ def grad_scores(qk, dp, lse_r, delta_r, scale, cap_in, cap_out, has_softcap, bas
         s = scale * qk
     # s <= lse for every visible pair (p <= 1); the clamp only bounds pairs the caller masks
     # afterwards, whose exp could overflow (NaN still passes: min keeps a NaN first operand).
-    x = min(s - lse_r, scale * 0)      # scale * 0: zero in the working float type
+    x = min(s - lse_r, scale - scale)  # zero in the working float type (scale * 0 would be
+    #                                    float64 for a float32 scale: int * float32 -> float64)
     if base2:
         p = exp2(np.float32(x))
     else:
@@ -560,10 +561,10 @@ def mma_abt(acc, is_bf16, a_tile, a_row, b_tile, b_row, n_pairs, ksteps, lane):
     for i in range(8 * n_pairs):
         acc[i] = 0
     for kk in range(ksteps):
-        a0, a1, a2, a3 = ldmatrix_x4(a_tile, a_row + v_row, kk * 8 + v_col)
+        a0, a1, a2, a3 = ldmatrix_x4_a32(a_tile, a_row + v_row, kk * 8 + v_col)
         for jj in range(n_pairs):
             # matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15)
-            b0, b2, b1, b3 = ldmatrix_x4(b_tile, b_row + jj * 16 + v_row, kk * 8 + v_col)
+            b0, b2, b1, b3 = ldmatrix_x4_a32(b_tile, b_row + jj * 16 + v_row, kk * 8 + v_col)
             mma_pair(acc, 8 * jj, is_bf16, a0, a1, a2, a3, b0, b1, b2, b3)
 
 
@@ -576,7 +577,7 @@ def mma_pb(acc, is_bf16, pk, b_tile, b_row, ksteps, n_pairs, col0, lane):
     v_col = (lane >> 4) * 4
     for kb in range(ksteps):
         for dd in range(n_pairs):
-            b0, b1, b2, b3 = ldmatrix_x4_trans(b_tile, b_row + kb * 16 + v_row,
+            b0, b1, b2, b3 = ldmatrix_x4_trans_a32(b_tile, b_row + kb * 16 + v_row,
                                                col0 + dd * 8 + v_col)
             mma_pair(acc, 8 * dd, is_bf16, pk[4 * kb], pk[4 * kb + 1], pk[4 * kb + 2],
                      pk[4 * kb + 3], b0, b1, b2, b3)
@@ -589,7 +590,7 @@ def transposed_fragments(pk, ts, row_word, ksteps, lane):
     v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
     v_col = (lane >> 4) * 4
     for kb in range(ksteps):
-        a0, a2, a1, a3 = ldmatrix_x4_trans(ts, kb * 16 + v_row, row_word + v_col)
+        a0, a2, a1, a3 = ldmatrix_x4_trans_a32(ts, kb * 16 + v_row, row_word + v_col)
         pk[4 * kb] = a0
         pk[4 * kb + 1] = a1
         pk[4 * kb + 2] = a2

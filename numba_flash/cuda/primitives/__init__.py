@@ -25,7 +25,7 @@ from .cache_hints import cp_async16_hint, cp_async16_maybe_hint, evict_first_pol
 from .cp_async import (cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1,
                        cp_async_wait_2, cp_async_wait_3, cp_async_wait_all)
 from .fastmath import exp2
-from .ldmatrix import ldmatrix_x4, ldmatrix_x4_trans
+from .ldmatrix import ldmatrix_x4, ldmatrix_x4_a32, ldmatrix_x4_trans, ldmatrix_x4_trans_a32
 from .mma import mma16, mma_bf16, mma_f16, pack16, pack_bf16, pack_f16
 from .sync import arrive_acq_rel, bcast0, ld2, st2
 from .warp import ballot, lowest_bit, shfl_idx, shfl_xor, syncwarp

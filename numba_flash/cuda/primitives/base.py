@@ -16,8 +16,8 @@ from numba.cuda import config
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["SIMULATOR", "item_pointer_i64", "offset_pointer_i64", "TO_SHARED",
-           "bare_asm_intrinsic", "collective"]
+__all__ = ["SIMULATOR", "item_pointer_i64", "offset_pointer_i64", "shared_address_i32",
+           "TO_SHARED", "bare_asm_intrinsic", "collective"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -38,6 +38,20 @@ if not SIMULATOR:
         off = context.cast(builder, offval, offty, types.int64)
         size = context.get_constant(types.int64, aryty.dtype.bitwidth // 8)
         return builder.add(builder.ptrtoint(ary.data, ir.IntType(64)), builder.mul(off, size))
+
+    def shared_address_i32(context, builder, aryty, aryval, idx_types, idx_vals):
+        """32-bit shared-window address of ``ary[idx...]`` (a shared array): the array's base
+        converted once (a pure asm that LLVM hoists and shares between accesses) plus the
+        element's byte offset in 32-bit arithmetic, so a constant offset folds into the
+        instruction's immediate."""
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        data = builder.ptrtoint(context.make_array(aryty)(context, builder, aryval).data, i64)
+        elem = item_pointer_i64(context, builder, aryty, aryval, idx_types, idx_vals)
+        off = builder.trunc(builder.sub(elem, data), i32)
+        base = builder.call(ir.InlineAsm(ir.FunctionType(i32, [i64]),
+                                         "{ .reg .u64 t; cvta.to.shared.u64 t, $1; "
+                                         "cvt.u32.u64 $0, t; }", "=r,l"), [data])
+        return builder.add(base, off)
 
     # Shared arrays reach an intrinsic as generic pointers: cvta.to.shared makes the 32-bit
     # shared-window address that ldmatrix and cp.async take.
@@ -60,7 +74,8 @@ if not SIMULATOR:
     collective = None
 
 else:
-    item_pointer_i64 = offset_pointer_i64 = bare_asm_intrinsic = TO_SHARED = None
+    item_pointer_i64 = offset_pointer_i64 = shared_address_i32 = bare_asm_intrinsic = None
+    TO_SHARED = None
     _exchange_lock = threading.Lock()
     _exchanges: dict = {}
 

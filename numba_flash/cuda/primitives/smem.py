@@ -29,7 +29,7 @@ else:
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    from .base import item_pointer_i64
+    from .base import shared_address_i32
 
     @intrinsic
     def lds16(typingctx, ary, i, j, skip):
@@ -42,18 +42,11 @@ else:
         sig = types.UniTuple(ary.dtype, n)(ary, i, j, skip)
 
         def codegen(context, builder, sig, args):
-            # 32-bit shared address: the array's base converted once (a pure asm that LLVM
-            # hoists and shares), plus the element's byte offset in 32-bit arithmetic.
-            i64, i32 = ir.IntType(64), ir.IntType(32)
-            aryty = sig.args[0]
-            data = builder.ptrtoint(context.make_array(aryty)(context, builder, args[0]).data, i64)
-            elem = item_pointer_i64(context, builder, aryty, args[0], sig.args[1:3], args[1:3])
-            off = builder.trunc(builder.sub(elem, data), i32)
-            base = builder.call(ir.InlineAsm(ir.FunctionType(i32, [i64]),
-                                             "{ .reg .u64 t; cvta.to.shared.u64 t, $1; "
-                                             "cvt.u32.u64 $0, t; }", "=r,l"), [data])
+            i32 = ir.IntType(32)
+            addr = shared_address_i32(context, builder, sig.args[0], args[0], sig.args[1:3],
+                                      args[1:3])
             extra = context.cast(builder, args[3], sig.args[3], types.int32)
-            addr = builder.add(builder.add(base, off), extra)
+            addr = builder.add(addr, extra)
             ft = ir.DoubleType() if f64 else ir.FloatType()
             fnty = ir.FunctionType(ir.LiteralStructType([ft] * n), [i32])
             outs = ",".join(f"${e}" for e in range(n))
