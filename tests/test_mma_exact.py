@@ -10,6 +10,7 @@ import pytest
 from numba import cuda
 
 from numba_flash.cuda.primitives import SIMULATOR, mma_f64, mma_tf32, split_tf32
+from numba_flash.cuda.primitives.mma_exact import tensor_core_rounding
 from offline_sass import run_offline
 from gpu_arrays import to_device, to_host
 
@@ -66,6 +67,39 @@ def test_three_tf32_products_reach_float32_accuracy():
     assert 1e-5 < plain < 1e-2, plain                  # TF32: 10 mantissa bits
     assert compensated < 4 * 2.0 ** -24 * 8, compensated   # ~fp32 rounding of an 8-term sum
     assert compensated < plain / 100
+
+
+def _one_tf32_product(a, b, c):
+    d = to_device(np.full((16, 8), np.nan, np.float32))
+    _tf32[1, 32](to_device(a), to_device(b), to_device(c), d, False)
+    return to_host(d)
+
+
+def test_tf32_mma_rounds_toward_zero():
+    """The tensor cores round each D = A B + C toward zero (mma_exact's docstring); the
+    simulator models that under ``tensor_core_rounding("truncate")`` and rounds to nearest by
+    default. Rows: C = 1 plus a product of 1.75 float32 ulps of 1 (nearest: 1 + 2 ulps, toward
+    zero: 1 + 1 ulp), the same negated, and C = 1 minus a product of 2^-60, whose float64 sum is
+    exactly 1.0 (the model sums exactly: 1 - 2^-24 toward zero; checked in the simulator only,
+    hardware may drop so small an addend while aligning)."""
+    a, b, c = (np.zeros(s, np.float32) for s in ((16, 8), (8, 8), (16, 8)))
+    a[0, 0], a[1, 0], b[0, 0] = 7 * 2.0 ** -13, -7 * 2.0 ** -13, 2.0 ** -12
+    a[2, 1], b[1, 0] = 2.0 ** -30, -(2.0 ** -30)
+    c[0, 0], c[1, 0], c[2, 0] = 1.0, -1.0, 1.0
+    ulp = 2.0 ** -23
+    truncated = [1 + ulp, -(1 + ulp), 1 - ulp / 2]
+    if not SIMULATOR:       # the hardware itself
+        assert _one_tf32_product(a, b, c)[:2, 0].tolist() == truncated[:2]
+        return
+    assert _one_tf32_product(a, b, c)[:3, 0].tolist() == [1 + 2 * ulp, -(1 + 2 * ulp), 1.0]
+    with tensor_core_rounding("truncate"):
+        d = _one_tf32_product(a, b, c)
+    assert d[:3, 0].tolist() == truncated
+    d[:3, 0] = 0
+    assert not d.any()
+    with pytest.raises(ValueError):
+        with tensor_core_rounding("up"):
+            pass
 
 
 def test_split_tf32_is_exact_in_two_parts():

@@ -7,12 +7,22 @@ CUDA-core kernel.
 
 A warp owns 16 query rows (one ``m16n8k8`` m-tile), a block 4 warps up to head_dim 64 and 2
 beyond (``tf32x3_geometry``). Q's A fragments (``Q[g, kk*8 + t]``, ``Q[g + 8, ...]``, columns
-``+ 4``) sit in registers as float32 up to head_dim 64, in shared memory beyond, and are split
-per k-step; K and V tiles of ``BN`` keys go to shared memory by cp.async (rows padded by
+``+ 4``) sit in registers as float32 at head_dim 32, in shared memory from 64 on, and are
+split per k-step; K and V tiles of ``BN`` keys go to shared memory by cp.async (rows padded by
 4 floats). Per tile: S = Q K^T (B fragment ``K[n*8 + g, kk*8 + t (+ 4)]``), the online softmax
 on the accumulator fragment (lane (g, t): rows g and g + 8, columns 2t, 2t + 1 of each 8-key
 n-tile; a row's 4 lanes combine by shuffles), P staged through the warp's shared buffer into A
-fragments, then O += P V (B fragment ``V[kk*8 + t (+ 4), n*8 + g]``).
+fragments, then O = alpha O + P V (B fragment ``V[kk*8 + t (+ 4), n*8 + g]``).
+
+Accumulation order. The tensor cores round each D = A B + C toward zero (primitives/mma_exact.py),
+so an mma into a long-lived accumulator adds an error of up to one ulp of that accumulator,
+always toward zero: with S and O each accumulated in place, the ~3 N / 8 mmas of O += P V over
+N keys added up linearly (H100: 13x the IEEE kernel's error at N = 2048, 3-4x at 20-40 keys
+from S's 3 D / 8 mmas). So every product starts from a zeroed accumulator and is added in IEEE
+float32: S one k-step at a time (``s += Q_kk K_kk^T``: one truncation of an 8-term partial sum,
+whose sign varies), O one key tile at a time (``o = alpha o + P V``). Modelled error (the
+simulator's truncating tensor cores): 1.0-1.8x the IEEE kernel's on the tests' cases, at most
+1.2x at 2048-4096 keys (docs/perf-notes.md, 2026-11-25).
 
 Kernel signature: the CUDA-core kernel's (forward_fma.make_fma_kernel); the mask / varlen /
 ALiBi arguments are never read. Grid (ceil(Sq / rows per block), B * Hq).
@@ -37,16 +47,19 @@ _PAD = 4
 
 
 def tf32x3_supported(head_dim: int) -> bool:
-    """Head dims of the 3xTF32 kernel: 32, 64, 96 (offline sm_90: 125 / 221 / 187 registers, no
-    local memory). At 128 the output accumulator and the split operands still spill (160 bytes
-    with Q in shared memory), so 128 stays on the CUDA-core kernel."""
+    """Head dims of the 3xTF32 kernel: 32, 64, 96 (offline sm_90: 125-131 / 128-131 / 168-231
+    registers over the 32 flag combinations, no local memory). At 128 the output accumulator and
+    the split operands spilled (160 bytes, before the per-k-step S of 2026-11-25), so 128 stays
+    on the CUDA-core kernel."""
     return head_dim in (32, 64, 96)
 
 
 def tf32x3_geometry(head_dim: int) -> tuple[int, int]:
-    """(query rows per block, threads per block). Up to head_dim 64, 4 warps with Q's fragments
-    in registers; at 96 / 128 those would spill (offline sm_90: 60 / 492 bytes), so Q sits in
-    shared memory and a block has 2 warps (Q, K, V and P tiles within 48 KB)."""
+    """(query rows per block, threads per block). Up to head_dim 64, 4 warps; beyond, 2 warps
+    (Q, K, V and P tiles within 48 KB of shared memory). Q's fragments stay in registers only at
+    head_dim 32. Offline sm_90: at 64, Q in registers took the kernel to 248-255 registers and
+    local memory in the sink builds, Q in shared memory to 128-132 and none (2026-11-25); at
+    96 / 128, Q in registers spilled 60 / 492 bytes (the kernel before that)."""
     return (64, 128) if head_dim <= 64 else (32, 64)
 
 
@@ -75,7 +88,7 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
     BN = TF32_BLOCK_N
     BM, NT = tf32x3_geometry(D)
     WARPS = NT // 32
-    Q_SMEM = D > 64                      # Q in shared memory (else its fragments in registers)
+    Q_SMEM = D >= 64                     # Q in shared memory (else its fragments in registers)
     NS, KP = BN // 8, BN // 8            # n-tiles of S; k-steps of P V
     DP = D + _PAD
     CPR = D // 4                         # 16-byte copies per K / V row
@@ -137,17 +150,20 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
             load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 4)
             for e in range(SN):
                 s[e] = ZERO
-            for n in range(NS):              # S = Q K^T
-                for kk in range(KS):
-                    if Q_SMEM:
-                        r = warp * 16 + g
-                        c = kk * 8 + t
-                        a0, a1, a2, a3 = qs[r, c], qs[r + 8, c], qs[r, c + 4], qs[r + 8, c + 4]
-                    else:
-                        a0, a1, a2, a3 = qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3]
-                    s[4 * n], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3] = mma3(
-                        a0, a1, a2, a3, ks[n * 8 + g, kk * 8 + t], ks[n * 8 + g, kk * 8 + t + 4],
-                        s[4 * n], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3])
+            for kk in range(KS):             # S = Q K^T, each k-step's product from zero
+                if Q_SMEM:
+                    r = warp * 16 + g
+                    c = kk * 8 + t
+                    a0, a1, a2, a3 = qs[r, c], qs[r + 8, c], qs[r, c + 4], qs[r + 8, c + 4]
+                else:
+                    a0, a1, a2, a3 = qf[4 * kk], qf[4 * kk + 1], qf[4 * kk + 2], qf[4 * kk + 3]
+                for n in range(NS):
+                    d0, d1, d2, d3 = mma3(a0, a1, a2, a3, ks[n * 8 + g, kk * 8 + t],
+                                          ks[n * 8 + g, kk * 8 + t + 4], ZERO, ZERO, ZERO, ZERO)
+                    s[4 * n] += d0
+                    s[4 * n + 1] += d1
+                    s[4 * n + 2] += d2
+                    s[4 * n + 3] += d3
             mx0 = mx1 = np.float32(NEG_INF)
             for n in range(NS):              # scale, softcap, mask; each row's max
                 for e in range(4):
@@ -184,19 +200,18 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
             rs1 += shfl_xor(rs1, 2)
             l0 = l0 * alpha0 + rs0
             l1 = l1 * alpha1 + rs1
-            for n in range(ND):
-                o[4 * n] *= alpha0
-                o[4 * n + 1] *= alpha0
-                o[4 * n + 2] *= alpha1
-                o[4 * n + 3] *= alpha1
             syncwarp()
-            for kk in range(KP):             # O += P V
-                a0, a1 = ps[warp, g, kk * 8 + t], ps[warp, g + 8, kk * 8 + t]
-                a2, a3 = ps[warp, g, kk * 8 + t + 4], ps[warp, g + 8, kk * 8 + t + 4]
-                for n in range(ND):
-                    o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3] = mma3(
-                        a0, a1, a2, a3, vs[kk * 8 + t, n * 8 + g], vs[kk * 8 + t + 4, n * 8 + g],
-                        o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3])
+            for n in range(ND):              # O = alpha O + P V, the tile's P V from zero
+                d0 = d1 = d2 = d3 = ZERO
+                for kk in range(KP):
+                    d0, d1, d2, d3 = mma3(
+                        ps[warp, g, kk * 8 + t], ps[warp, g + 8, kk * 8 + t],
+                        ps[warp, g, kk * 8 + t + 4], ps[warp, g + 8, kk * 8 + t + 4],
+                        vs[kk * 8 + t, n * 8 + g], vs[kk * 8 + t + 4, n * 8 + g], d0, d1, d2, d3)
+                o[4 * n] = o[4 * n] * alpha0 + d0
+                o[4 * n + 1] = o[4 * n + 1] * alpha0 + d1
+                o[4 * n + 2] = o[4 * n + 2] * alpha1 + d2
+                o[4 * n + 3] = o[4 * n + 3] * alpha1 + d3
             syncwarp()
             nxt = tile + 1
             if has_sinks and nxt >= sink_tiles and nxt < tile_lo:

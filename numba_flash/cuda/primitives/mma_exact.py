@@ -14,15 +14,25 @@
   operands of the 3xTF32 scheme (``a_hi b_hi + a_hi b_lo + a_lo b_hi``, fp32 accumulation).
 
 In the simulator the products are computed exactly from the 32 lanes' gathered fragments and
-rounded once (float64 for DMMA; float32 for TF32 after the operands' TF32 truncation).
+rounded once (float64 for DMMA; float32 for TF32 after the operands' TF32 truncation). The TF32
+stand-in rounds to nearest by default: an ideal tensor core. The hardware does not: it forms the
+products exactly but rounds the sum toward zero (Fasi, Higham, Mikaitis, Pranesh, "Numerical
+behavior of NVIDIA tensor cores", PeerJ CS 2021), so every mma into a long-lived accumulator adds
+an error of up to one ulp of the accumulator, always toward zero. ``tensor_core_rounding
+("truncate")`` makes the simulator model that (exact products, exact sum of the 8 products and C,
+one truncation to float32 per mma); it reproduces the errors the 3xTF32 kernel showed on an H100
+(docs/perf-notes.md, 2026-11-25).
 """
 from __future__ import annotations
+
+import contextlib
+import math
 
 import numpy as np
 
 from .base import SIMULATOR, collective
 
-__all__ = ["mma_f64", "mma_tf32", "split_tf32"]
+__all__ = ["mma_f64", "mma_tf32", "split_tf32", "tensor_core_rounding"]
 
 _G = np.arange(32) >> 2
 _T = np.arange(32) & 3
@@ -87,7 +97,31 @@ if not SIMULATOR:
         hi = _to_tf32(x)
         return hi, _to_tf32(x - hi)
 
+    def tensor_core_rounding(mode: str):
+        """The simulator's TF32 rounding model: not available on a GPU, whose tensor cores round
+        as they do."""
+        raise RuntimeError("tensor_core_rounding selects the CUDA simulator's TF32 model; "
+                           "a GPU's tensor cores round as they do")
+
 else:
+    _ROUNDINGS = ("nearest", "truncate")
+    _rounding = ["nearest"]
+
+    @contextlib.contextmanager
+    def tensor_core_rounding(mode: str):
+        """Within the block, the simulator's ``mma_tf32`` rounds each D = A B + C as ``mode``
+        says: ``"nearest"`` (the default: the float64 sum rounded to nearest float32) or
+        ``"truncate"`` (the exact result rounded toward zero, as the tensor cores do; module
+        docstring). Process-wide: meant for tests, around a whole kernel launch."""
+        if mode not in _ROUNDINGS:
+            raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {mode!r}")
+        previous = _rounding[0]
+        _rounding[0] = mode
+        try:
+            yield
+        finally:
+            _rounding[0] = previous
+
     def _tf32(x):
         """Round-to-nearest (ties away) to TF32's 10 mantissa bits, as cvt.rna does."""
         bits = np.array([x], dtype=np.float32).view(np.uint32)[0]
@@ -116,6 +150,18 @@ else:
         """D = A B + C for one warp (float64; fragments: module docstring)."""
         return collective((a0, b0, c0, c1), _combine_f64)
 
+    def _sum_toward_zero(terms):
+        """Each row of ``terms`` (float64) summed exactly and rounded toward zero to float32."""
+        rows = terms.tolist()
+        s = np.array([math.fsum(r) for r in rows])        # the exact sum rounded to nearest
+        with np.errstate(over="ignore"):
+            d = s.astype(np.float32)
+        away = np.abs(d.astype(np.float64)) > np.abs(s)
+        for i in np.flatnonzero((d == s) & (s != 0) & np.isfinite(s)):   # exact or not?
+            away[i] = math.fsum(rows[i] + [-float(s[i])]) * s[i] < 0
+        d[away] = np.nextafter(d[away], np.float32(0))
+        return d
+
     def _combine_tf32(slots):
         a = np.zeros((16, 8))
         b = np.zeros((8, 8))
@@ -126,7 +172,12 @@ else:
             a[g, t], a[g + 8, t], a[g, t + 4], a[g + 8, t + 4] = a0, a1, a2, a3
             b[t, g], b[t + 4, g] = b0, b1
             c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1] = s[6:]
-        d = (a @ b + c).astype(np.float32)
+        if _rounding[0] == "truncate":    # products of TF32 numbers are exact in float64
+            terms = np.concatenate([(a[:, None, :] * b.T[None, :, :]).reshape(128, 8),
+                                    c.reshape(128, 1)], axis=1)
+            d = _sum_toward_zero(terms).reshape(16, 8)
+        else:
+            d = (a @ b + c).astype(np.float32)
         return [(d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1])
                 for g, t in zip(_G, _T)]
 
