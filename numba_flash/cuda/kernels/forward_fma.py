@@ -4,6 +4,13 @@ shared memory (cp.async), online softmax per tile.
 
 Shapes (kernel arguments): q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D), out (B, Sq, Hq, D), lse
 float32 (B, Hq, Sq); any strides. Grid: (number of query tiles, B * Hq).
+
+The kernel body is the algorithm's steps as inline device functions (Numba IR inlining, with
+the builder's compile-time constants as arguments): ``load_q_rows``, ``copy_tile_async``,
+``qk_scores``, ``score_transform``, ``mask_score``, ``softmax_update``, ``pv_accumulate``,
+``store_rows``. Each was cut so that the machine code stays byte-identical
+(``scripts/sass_snapshot.py --compare``); the key-tile walk and the flags' whole-tile test stay
+inline, since as helpers they changed it.
 """
 from __future__ import annotations
 
@@ -20,8 +27,230 @@ from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, NONE, bit_visible, chunk_classes, interval_visible,
                       key_tiles, mask_mod_device, score_mod_device)
 from .sequences import packed_sequence
+from .tile_ops import window_visible
 
 __all__ = ["make_fma_kernel"]
+
+
+
+@cuda.jit(device=True, inline=True)
+def load_q_rows(qr, acc, mrow, lrow, q, b, q_off, h, qtile, block_m, group, stride, seqlen_q,
+                part, lanes, rows, chunks, per_chunk, per_row, dtype, neg_inf):
+    """The prologue: this lane's share of its ``rows`` query rows (row r is ``qtile * block_m +
+    group + r * stride``) of ``q[b, q_off + row, h, :]`` into ``qr`` (local, working dtype
+    ``dtype``, rows * per_row: row r, element e at ``r * per_row + e``; its chunk c of
+    ``per_chunk`` elements is the row's chunk ``c * lanes + part``; zeros past ``seqlen_q``);
+    zeroes the output accumulator ``acc`` (same layout) and starts the running max ``mrow`` at
+    ``neg_inf`` and the sum ``lrow`` at 0 (local, rows)."""
+    for r in range(rows):
+        row = qtile * block_m + group + r * stride
+        for c in range(chunks):
+            for i in range(per_chunk):
+                x = dtype(0.0)
+                if row < seqlen_q:
+                    x = q[b, q_off + row, h, (c * lanes + part) * per_chunk + i]
+                qr[r * per_row + c * per_chunk + i] = x
+                acc[r * per_row + c * per_chunk + i] = dtype(0.0)
+        mrow[r] = dtype(neg_inf)
+        lrow[r] = dtype(0.0)
+
+
+@cuda.jit(device=True, inline=True)
+def copy_tile_async(dst, src, b, k_off, hk, k0, seqlen_k, tid, threads, copies, exact, rows,
+                    per_row, per_copy):
+    """Start copying rows ``k0 .. k0 + rows - 1`` of ``src[b, k_off + key, hk, :]`` (K or V,
+    working dtype, (B, S, H, D)) into the shared tile ``dst`` (rows, >= D), zeros past
+    ``seqlen_k``, by cp.async and commit the group: ``copies`` 16-byte copies per thread
+    (``exact``: ``copies * threads`` is the whole tile), ``per_row`` per row, ``per_copy``
+    elements each."""
+    for it in range(copies):
+        i = it * threads + tid
+        if exact or i < rows * per_row:
+            kr = i // per_row
+            cc = (i - kr * per_row) * per_copy
+            key = k0 + kr
+            ok = key < seqlen_k
+            cp_async16(dst, kr, cc, src, b, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
+    cp_async_commit()
+
+
+@cuda.jit(device=True, inline=True)
+def qk_scores(ps, qr, pa, cur, ks, group, stride, part, col0, lanes, log_lanes, split, keys,
+              rows, chunks, per_chunk, per_row, dtype):
+    """S = Q K^T for one key tile, unscaled: row ``group + r * stride`` of the shared ``ps``
+    (block_m, >= keys; working dtype) gets the dot products of this lane's ``rows`` rows of
+    ``qr`` (local, layout as in ``load_q_rows``) with the ``keys`` rows of the shared K tile
+    ``ks``, ``lanes`` keys per round. Each key is ``split`` partial sums per lane (``cur``:
+    local, rows * split; ``pa``: local, rows * 8, row r, slot s, partial z at ``r * 8 + s *
+    split + z``), added pairwise in the lane, then across the row's lanes by an xor butterfly
+    (``log_lanes`` rounds) that also scatters: after a round lane ``part`` holds key ``part``'s
+    dot product."""
+    for rnd in range(keys // lanes):
+        # In slot s this lane adds its chunks of key (s ^ part): the butterfly below then needs
+        # no selects (at mask hm, slot s + hm of the partner lane holds the key of this lane's
+        # slot s).
+        for s in range(lanes):
+            j = np.uint32(rnd * lanes + (s ^ part))
+            for z in range(rows * split):
+                cur[z] = dtype(0.0)
+            for c in range(chunks):
+                kv = lds16(ks, j, col0, c * lanes * 16)
+                for r in range(rows):
+                    for i in range(per_chunk):
+                        e = c * per_chunk + i
+                        cur[r * split + e % split] += qr[r * per_row + e] * kv[i]
+            # Slots shift down one place and this one enters at the top: after ``lanes`` steps
+            # slot s sits at place s, and no index depends on s (whether or not the compiler
+            # unrolls this loop, pa stays in registers).
+            for r in range(rows):
+                for t in range(lanes - 1):
+                    for z in range(split):
+                        pa[r * 8 + t * split + z] = pa[r * 8 + (t + 1) * split + z]
+                for z in range(split):
+                    pa[r * 8 + (lanes - 1) * split + z] = cur[r * split + z]
+        for r in range(rows):
+            w = split // 2
+            while w >= 1:   # pairwise within the lane
+                for s in range(lanes):
+                    for z in range(w):
+                        pa[r * 8 + s * split + z] += pa[r * 8 + s * split + z + w]
+                w //= 2
+            for lv in range(log_lanes):   # pairwise across lanes, scattering keys
+                hm = lanes >> (lv + 1)
+                for s in range(hm):
+                    pa[r * 8 + s * split] += shfl_xor(pa[r * 8 + (s + hm) * split], hm)
+            ps[group + r * stride, rnd * lanes + part] = pa[r * 8]   # key rnd * lanes + part
+
+
+@cuda.jit(device=True, inline=True)
+def score_transform(dot, c, b, h, row, qpos, k0, lanes, part, seqlen_q, seqlen_k, offset,
+                    scale, cap_in, cap_out, slope, smod, has_softcap, has_alibi, has_score_mod,
+                    dtype):
+    """The natural-log score of the product ``dot = q.k`` (working dtype ``dtype``) of query row
+    ``row`` (position ``qpos``) and this lane's key c of the tile, ``kpos = k0 + c * lanes +
+    part``: ``scale * dot`` or with the softcap ``cap_out * tanh(cap_in * dot)``, minus the
+    ALiBi ``slope * |qpos - kpos|``, then the score_mod device function ``smod`` (given indices
+    inside the sequences, as in make_mma_kernel)."""
+    if has_softcap:
+        x = cap_out * math.tanh(cap_in * dot)
+    else:
+        x = scale * dot
+    kpos = k0 + c * lanes + part
+    if has_alibi:
+        x -= slope * abs(qpos - kpos)
+    if has_score_mod:
+        x = dtype(smod(x, b, h, min(row, seqlen_q - 1) + offset, min(kpos, seqlen_k - 1)))
+    return x
+
+
+@cuda.jit(device=True, inline=True)
+def mask_score(x, b, h, row, qpos, kpos, seqlen_q, seqlen_k, window_left, window_right, sinks,
+               mk_iv, mk_bits, mod, has_left, has_right, has_sinks, kind, dtype, neg_inf):
+    """The score ``x`` of query row ``row`` (position ``qpos``, bottom-right aligned) and key
+    ``kpos``, or ``neg_inf`` (as ``dtype``) where the row does not see the key: a key past
+    ``seqlen_k``, outside the window and not a sink, or hidden by the mask object of ``kind``
+    (intervals ``mk_iv``, bitmask ``mk_bits`` or the device function ``mod``; rows inside
+    ``seqlen_q``)."""
+    vis = kpos < seqlen_k
+    wv = window_visible(kpos, qpos, window_left, window_right, sinks, has_left, has_right,
+                        has_sinks)
+    if kind != NONE and vis and wv and row < seqlen_q:
+        if kind == INTERVALS:
+            wv = interval_visible(mk_iv, row, kpos)
+        elif kind == BITMASK:
+            wv = bit_visible(mk_bits, row, kpos)
+        else:
+            wv = mod(b, h, qpos, kpos)
+    if not (vis and wv):
+        x = dtype(neg_inf)
+    return x
+
+
+@cuda.jit(device=True, inline=True)
+def softmax_update(ps, acc, mrow, lrow, mx, r, group, stride, part, lanes, log_lanes, keys,
+                   per_row, dtype, neg_inf):
+    """The online-softmax step of row r (``group + r * stride`` of the shared ``ps``) after a key
+    tile: ``mx`` (this lane's maximum of its ``keys / lanes`` scores) becomes the row's maximum
+    over its lanes; the running max ``mrow[r]`` moves to the new maximum, the scores in ``ps``
+    become probabilities ``exp(x - m)``, and ``lrow[r]`` (this lane's partial sum) and the
+    row's ``per_row`` accumulators in ``acc`` are rescaled by ``exp(m_old - m)``."""
+    for lv in range(log_lanes):
+        mx = max(mx, shfl_xor(mx, 1 << lv))
+    m = mrow[r]
+    mn = max(m, mx)
+    # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp gives 0.
+    mu = mn if mn != neg_inf else dtype(0.0)
+    alpha = math.exp(m - mu)
+    mrow[r] = mn
+    rs = dtype(0.0)
+    for c in range(keys // lanes):
+        p = math.exp(ps[group + r * stride, c * lanes + part] - mu)
+        ps[group + r * stride, c * lanes + part] = p
+        rs += p
+    lrow[r] = lrow[r] * alpha + rs   # per-lane partial; the group adds up at the end
+    for e in range(per_row):
+        acc[r * per_row + e] *= alpha
+
+
+@cuda.jit(device=True, inline=True)
+def pv_accumulate(acc, pv, ps, vs, group, stride, col0, lanes, keys, rows, chunks, per_chunk,
+                  per_row):
+    """O += P V for one key tile: ``acc`` (local, layout as in ``load_q_rows``) of ``rows`` rows
+    ``group, group + stride, ...`` of the shared probabilities ``ps`` (block_m, >= keys) times
+    the shared V tile ``vs`` (keys, D), 4 keys per step (``pv``: local, rows * 4, their p);
+    this lane's chunks start at column ``col0`` (uint32), ``lanes * 16`` bytes apart."""
+    for jg in range(keys // 4):      # 4 keys per step (their p: 16 or 32 bytes per row)
+        j = np.uint32(jg * 4)
+        for r in range(rows):
+            prow = np.uint32(group + r * stride)
+            if per_chunk == 4:
+                p0, p1, p2, p3 = lds16(ps, prow, j, 0)
+            else:
+                p0, p1 = lds16(ps, prow, j, 0)
+                p2, p3 = lds16(ps, prow, j, 16)
+            pv[r * 4] = p0
+            pv[r * 4 + 1] = p1
+            pv[r * 4 + 2] = p2
+            pv[r * 4 + 3] = p3
+        for c in range(chunks):
+            v0 = lds16(vs, j, col0, c * lanes * 16)
+            v1 = lds16(vs, j + np.uint32(1), col0, c * lanes * 16)
+            v2 = lds16(vs, j + np.uint32(2), col0, c * lanes * 16)
+            v3 = lds16(vs, j + np.uint32(3), col0, c * lanes * 16)
+            for r in range(rows):
+                for i in range(per_chunk):
+                    a = acc[r * per_row + c * per_chunk + i]
+                    a += pv[r * 4] * v0[i]
+                    a += pv[r * 4 + 1] * v1[i]
+                    a += pv[r * 4 + 2] * v2[i]
+                    a += pv[r * 4 + 3] * v3[i]
+                    acc[r * per_row + c * per_chunk + i] = a
+
+
+@cuda.jit(device=True, inline=True)
+def store_rows(out, lse, acc, mrow, lrow, b, q_off, h, qtile, block_m, group, stride, seqlen_q,
+               part, lanes, log_lanes, rows, chunks, per_chunk, per_row, write_lse, dtype,
+               neg_inf):
+    """The epilogue: adds each row's per-lane partial sums ``lrow`` across the row's ``lanes``
+    lanes (xor butterfly, ``log_lanes`` rounds) and writes this lane's chunks of ``acc / l``
+    (layout as in ``load_q_rows``) to ``out[b, q_off + row, h, :]`` (working dtype) for the rows
+    inside ``seqlen_q``; with ``write_lse`` the row's first lane writes ``m + log l`` (``neg_inf``
+    for a row that saw no key) to ``lse[b, h, q_off + row]`` (float32)."""
+    for r in range(rows):
+        l = lrow[r]
+        for lv in range(log_lanes):
+            l += shfl_xor(l, 1 << lv)
+        row = qtile * block_m + group + r * stride
+        if row < seqlen_q:
+            inv = dtype(0.0)
+            if l != 0:
+                inv = dtype(1.0) / l
+            for c in range(chunks):
+                for i in range(per_chunk):
+                    out[b, q_off + row, h, (c * lanes + part) * per_chunk + i] = (
+                        acc[r * per_row + c * per_chunk + i] * inv)
+            if write_lse and part == 0:
+                lse[b, h, q_off + row] = mrow[r] + math.log(l) if l != 0 else neg_inf
 
 
 def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
@@ -125,17 +354,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         offset = seqlen_k - seqlen_q
         # Warp-uniform: does any row of this warp exist? (Its lowest row is its first group's.)
         active = qtile * BM + (tid // 32) * (32 // TPR) < seqlen_q
-        for r in range(RPR):
-            row = qtile * BM + gi + r * G
-            for c in range(NC):
-                for i in range(CH):
-                    x = npdt(0.0)
-                    if row < seqlen_q:
-                        x = q[ab, q_off + row, h, (c * TPR + part) * CH + i]
-                    qr[r * E + c * CH + i] = x
-                    acc[r * E + c * CH + i] = npdt(0.0)
-            mrow[r] = npdt(NEG_INF)
-            lrow[r] = npdt(0.0)
+        load_q_rows(qr, acc, mrow, lrow, q, ab, q_off, h, qtile, BM, gi, G, seqlen_q, part, TPR,
+                    RPR, NC, CH, E, npdt, NEG_INF)
 
         q_lo = qtile * BM + offset
         q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
@@ -165,15 +385,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                                              tile_hi, sink_tiles, r_lo, r_hi)
             tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
         if tile <= last:
-            for it in range(COPY_ITERS):
-                i = it * NT + tid
-                if COPY_EXACT or i < BN * CPR:
-                    kr = i // CPR
-                    cc = (i - kr * CPR) * CH
-                    key = tile * BN + kr
-                    ok = key < seqlen_k
-                    cp_async16(ks, kr, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
-            cp_async_commit()
+            copy_tile_async(ks, k, ab, k_off, hk, tile * BN, seqlen_k, tid, NT, COPY_ITERS,
+                            COPY_EXACT, BN, CPR, CH)
 
         while tile <= last:
             nxt = tile + 1
@@ -189,6 +402,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                     vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
                                                  tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
                 nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1
+            # Do the flags see every pair of the tile? (Inline: as a device function, and so
+            # the tile walk above, this changed the machine code; docs/perf-notes.md.)
             in_window = tile >= tile_lo and tile <= tile_hi
             k0 = tile * BN
             full = k0 + BN <= seqlen_k and in_window
@@ -203,162 +418,46 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
 
             cp_async_wait_all()
             cuda.syncthreads()  # K tile landed for every thread; everyone is done with V and P
-            for it in range(COPY_ITERS):
-                i = it * NT + tid
-                if COPY_EXACT or i < BN * CPR:
-                    kr = i // CPR
-                    cc = (i - kr * CPR) * CH
-                    key = k0 + kr
-                    ok = key < seqlen_k
-                    cp_async16(vs, kr, cc, v, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
-            cp_async_commit()
+            copy_tile_async(vs, v, ab, k_off, hk, k0, seqlen_k, tid, NT, COPY_ITERS, COPY_EXACT,
+                            BN, CPR, CH)
 
             if active:  # a warp whose rows all lie past seqlen_q only copies and waits
-                # S = Q K^T, TPR keys per round. In slot s this lane adds its chunks of key
-                # (s ^ part): the butterfly below then needs no selects (at mask hm, slot s + hm of
-                # the partner lane holds the key of this lane's slot s).
-                for rnd in range(NS):
-                    for s in range(TPR):
-                        j = np.uint32(rnd * TPR + (s ^ part))
-                        for z in range(CN):
-                            cur[z] = npdt(0.0)
-                        for c in range(NC):
-                            kv = lds16(ks, j, col0, c * TPR * 16)
-                            for r in range(RPR):
-                                for i in range(CH):
-                                    e = c * CH + i
-                                    cur[r * SPLIT + e % SPLIT] += qr[r * E + e] * kv[i]
-                        # Slots shift down one place and this one enters at the top: after TPR
-                        # steps slot s sits at place s, and no index depends on s (whether or not
-                        # the compiler unrolls this loop, pa stays in registers).
-                        for r in range(RPR):
-                            for t in range(TPR - 1):
-                                for z in range(SPLIT):
-                                    pa[r * 8 + t * SPLIT + z] = pa[r * 8 + (t + 1) * SPLIT + z]
-                            for z in range(SPLIT):
-                                pa[r * 8 + (TPR - 1) * SPLIT + z] = cur[r * SPLIT + z]
-                    for r in range(RPR):
-                        w = SPLIT // 2
-                        while w >= 1:   # pairwise within the lane
-                            for s in range(TPR):
-                                for z in range(w):
-                                    pa[r * 8 + s * SPLIT + z] += pa[r * 8 + s * SPLIT + z + w]
-                            w //= 2
-                        for lv in range(LOG_TPR):   # pairwise across lanes, scattering keys
-                            hm = TPR >> (lv + 1)
-                            for s in range(hm):
-                                pa[r * 8 + s * SPLIT] += shfl_xor(pa[r * 8 + (s + hm) * SPLIT], hm)
-                        ps[gi + r * G, rnd * TPR + part] = pa[r * 8]   # key k0 + rnd * TPR + part
+                # S = Q K^T into ps; per row: scores (scale or softcap, ALiBi, score_mod), the
+                # mask unless the flags and the mask object see the whole tile, online softmax.
+                qk_scores(ps, qr, pa, cur, ks, gi, G, part, col0, TPR, LOG_TPR, SPLIT, BN, RPR, NC,
+                          CH, E, npdt)
 
                 for r in range(RPR):
                     row = qtile * BM + gi + r * G
                     qpos = row + offset
                     mx = npdt(NEG_INF)
                     for c in range(NS):
-                        dot = ps[gi + r * G, c * TPR + part]
-                        if has_softcap:
-                            x = cap_out * math.tanh(cap_in * dot)
-                        else:
-                            x = scale * dot
+                        x = score_transform(ps[gi + r * G, c * TPR + part], c, b, h, row, qpos,
+                                            k0, TPR, part, seqlen_q, seqlen_k, offset, scale,
+                                            cap_in, cap_out, slope, smod, has_softcap, ALIBI,
+                                            SCORE_MOD, npdt)
                         kpos = k0 + c * TPR + part
-                        if ALIBI:
-                            x -= slope * abs(qpos - kpos)
-                        if SCORE_MOD:   # indices inside the sequence (see make_mma_kernel)
-                            x = npdt(smod(x, b, h, min(row, seqlen_q - 1) + offset,
-                                          min(kpos, seqlen_k - 1)))
                         if not full:
-                            vis = kpos < seqlen_k
-                            wv = True
-                            if has_left:
-                                wv = kpos >= qpos - window_left
-                            if has_right:
-                                wv = wv and kpos <= qpos + window_right
-                            if has_sinks:
-                                wv = wv or (kpos < sinks and kpos <= qpos)
-                            if KIND != NONE and vis and wv and row < seqlen_q:
-                                if KIND == INTERVALS:
-                                    wv = interval_visible(mk_iv, row, kpos)
-                                elif KIND == BITMASK:
-                                    wv = bit_visible(mk_bits, row, kpos)
-                                else:
-                                    wv = mod(b, h, qpos, kpos)
-                            if not (vis and wv):
-                                x = npdt(NEG_INF)
+                            x = mask_score(x, b, h, row, qpos, kpos, seqlen_q, seqlen_k,
+                                           window_left, window_right, sinks, mk_iv, mk_bits, mod,
+                                           has_left, has_right, has_sinks, KIND, npdt, NEG_INF)
                         ps[gi + r * G, c * TPR + part] = x
                         mx = max(mx, x)
-                    for lv in range(LOG_TPR):
-                        mx = max(mx, shfl_xor(mx, 1 << lv))
-                    m = mrow[r]
-                    mn = max(m, mx)
-                    # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp gives 0.
-                    mu = mn if mn != NEG_INF else npdt(0.0)
-                    alpha = math.exp(m - mu)
-                    mrow[r] = mn
-                    rs = npdt(0.0)
-                    for c in range(NS):
-                        p = math.exp(ps[gi + r * G, c * TPR + part] - mu)
-                        ps[gi + r * G, c * TPR + part] = p
-                        rs += p
-                    lrow[r] = lrow[r] * alpha + rs   # per-lane partial; the group adds up at the end
-                    for e in range(E):
-                        acc[r * E + e] *= alpha
+                    softmax_update(ps, acc, mrow, lrow, mx, r, gi, G, part, TPR, LOG_TPR, BN, E,
+                                   npdt, NEG_INF)
 
             cp_async_wait_all()
             cuda.syncthreads()  # V tile and P landed; everyone is done with K
             if nxt <= last:
-                for it in range(COPY_ITERS):
-                    i = it * NT + tid
-                    if COPY_EXACT or i < BN * CPR:
-                        kr = i // CPR
-                        cc = (i - kr * CPR) * CH
-                        key = nxt * BN + kr
-                        ok = key < seqlen_k
-                        cp_async16(ks, kr, cc, k, ab, k_off + key if ok else 0, hk, cc, 16 if ok else 0)
-                cp_async_commit()
+                copy_tile_async(ks, k, ab, k_off, hk, nxt * BN, seqlen_k, tid, NT, COPY_ITERS,
+                                COPY_EXACT, BN, CPR, CH)
 
-            if active:
-                for jg in range(BN // 4):      # 4 keys per step (their p: 16 or 32 bytes per row)
-                    j = np.uint32(jg * 4)
-                    for r in range(RPR):
-                        prow = np.uint32(gi + r * G)
-                        if CH == 4:
-                            p0, p1, p2, p3 = lds16(ps, prow, j, 0)
-                        else:
-                            p0, p1 = lds16(ps, prow, j, 0)
-                            p2, p3 = lds16(ps, prow, j, 16)
-                        pv[r * 4] = p0
-                        pv[r * 4 + 1] = p1
-                        pv[r * 4 + 2] = p2
-                        pv[r * 4 + 3] = p3
-                    for c in range(NC):
-                        v0 = lds16(vs, j, col0, c * TPR * 16)
-                        v1 = lds16(vs, j + np.uint32(1), col0, c * TPR * 16)
-                        v2 = lds16(vs, j + np.uint32(2), col0, c * TPR * 16)
-                        v3 = lds16(vs, j + np.uint32(3), col0, c * TPR * 16)
-                        for r in range(RPR):
-                            for i in range(CH):
-                                a = acc[r * E + c * CH + i]
-                                a += pv[r * 4] * v0[i]
-                                a += pv[r * 4 + 1] * v1[i]
-                                a += pv[r * 4 + 2] * v2[i]
-                                a += pv[r * 4 + 3] * v3[i]
-                                acc[r * E + c * CH + i] = a
+            if active:  # O += P V
+                pv_accumulate(acc, pv, ps, vs, gi, G, col0, TPR, BN, RPR, NC, CH, E)
             tile = nxt
 
-        for r in range(RPR):
-            l = lrow[r]
-            for lv in range(LOG_TPR):
-                l += shfl_xor(l, 1 << lv)
-            row = qtile * BM + gi + r * G
-            if row < seqlen_q:
-                inv = npdt(0.0)
-                if l != 0:
-                    inv = npdt(1.0) / l
-                for c in range(NC):
-                    for i in range(CH):
-                        out[ab, q_off + row, h, (c * TPR + part) * CH + i] = acc[r * E + c * CH + i] * inv
-                if write_lse and part == 0:
-                    lse[ab, h, q_off + row] = mrow[r] + math.log(l) if l != 0 else NEG_INF
+        store_rows(out, lse, acc, mrow, lrow, ab, q_off, h, qtile, BM, gi, G, seqlen_q, part, TPR,
+                   LOG_TPR, RPR, NC, CH, E, write_lse, npdt, NEG_INF)
 
     return jit_kernel(kernel, ("fma", D, bool(is_f64), has_left, has_right, has_sinks, has_softcap,
                          write_lse, BN, KIND, VARLEN, ALIBI, SCORE_MOD),

@@ -10,7 +10,7 @@ from numba import cuda
 
 from ..primitives import cp_async16, cp_async_commit, cp_async_wait_all
 
-__all__ = ["load_kv_tile", "masked_score"]
+__all__ = ["load_kv_tile", "masked_score", "window_visible"]
 
 
 @cuda.jit(device=True, inline=True)
@@ -51,3 +51,18 @@ def masked_score(x, key, qpos, seqlen_k, scale, cap_in, cap_out, has_softcap, ha
     if has_sinks:
         in_window = in_window or (key < sinks and key <= qpos)
     return x if visible and in_window else neg_inf
+
+
+@cuda.jit(device=True, inline=True)
+def window_visible(key, qpos, window_left, window_right, sinks, has_left, has_right, has_sinks):
+    """Whether the flags let query position ``qpos`` see key ``key`` (bottom-right aligned): inside
+    the window (``has_left`` / ``has_right``: ``qpos - window_left <= key <= qpos +
+    window_right``), or a sink (``key < sinks``, not after the query)."""
+    in_window = True
+    if has_left:
+        in_window = key >= qpos - window_left
+    if has_right:
+        in_window = in_window and key <= qpos + window_right
+    if has_sinks:
+        in_window = in_window or (key < sinks and key <= qpos)
+    return in_window
