@@ -1,0 +1,438 @@
+"""Tile-level device helpers of the tensor-core forward kernel (forward_mma.py).
+
+Every helper is ``@cuda.jit(device=True, inline=True)`` (inlined at the Numba IR level) and
+takes the kernel's compile-time constants (``m_tiles``, fragment counts, dtype and mask flags)
+as arguments, so the kernel's closure keeps plain constants (the disk cache hashes it;
+kernels/jitcache.py). Fragment layouts are mma.sync m16n8k16's: lane ``4 g + t`` of a warp holds
+rows ``g`` and ``g + 8`` of each 16-row m-tile; accumulator element ``e`` of 8-column n-tile ``j``
+sits at row ``g + 8 (e >> 1)``, column ``8 j + 2 t + (e & 1)``. Each helper's body is the
+kernel's code as it was, in the same order: the kernels' machine code does not change
+(``scripts/sass_snapshot.py --compare``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from ..primitives import (cp_async4_to, cp_async16, cp_async16_to, exp2, lds_i32x2, ldmatrix_x4,
+                          ldmatrix_x4_trans, mma16, pack16, shared_addr, shfl_xor, sw128_desc,
+                          wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
+from .masking import BITMASK, INTERVALS, LN2, LOG2E, MASK_MOD
+
+__all__ = ["store_output", "load_q_fragments", "init_rows", "copy_rows", "qk_mma", "qk_wgmma",
+           "pv_mma", "pv_wgmma", "score_logits", "mask_tile", "update_row_max", "exp_and_pack",
+           "rescale_acc", "copy_bounds", "wgmma_tiles"]
+
+NEG_INF = -math.inf
+
+
+@cuda.jit(device=True, inline=True)
+def store_output(out, lse, acc, l_run, m_run, ab, q_off, h, wrow, g, t, seqlen_q, m_tiles,
+                 of, nd, bf16, write_lse):
+    """Epilogue: O = acc / l into ``out[ab, q_off + row, h, :]`` and (``write_lse``) the
+    natural-log ``lse[ab, h, q_off + row] = (m + log2 l) ln 2`` (-inf for a row that saw no
+    key) of this thread's rows ``wrow + 16 mt + g (+ 8)`` inside the sequence.
+
+    out uint32 (B, S, H, D/2), 16-bit pairs (``bf16``: bfloat16, else float16); lse float32
+    (B, Hq, S); acc float32 (m_tiles * of,), m-tile mt at ``mt * of + 4 dn + e`` for n-tile
+    ``dn < nd`` of 8 columns; l_run / m_run float32 (2 m_tiles,): per-lane partial row sums
+    (summed over the lane quad here) and base-2 running maxima, index ``2 mt + half``.
+    """
+    for mt in range(m_tiles):
+        for half in range(2):
+            row = wrow + mt * 16 + g + 8 * half
+            l = l_run[2 * mt + half]
+            l += shfl_xor(l, 1)
+            l += shfl_xor(l, 2)
+            inv = np.float32(0.0)
+            if l != 0:
+                inv = np.float32(1.0) / l
+            if row < seqlen_q:
+                for dn in range(nd):
+                    o = mt * of + dn * 4 + 2 * half
+                    out[ab, q_off + row, h, dn * 4 + t] = pack16(bf16, acc[o] * inv,
+                                                                 acc[o + 1] * inv)
+                if write_lse and t == 0:
+                    lse[ab, h, q_off + row] = ((m_run[2 * mt + half] + math.log2(l)) * LN2
+                                               if l != 0 else NEG_INF)
+
+
+@cuda.jit(device=True, inline=True)
+def load_q_fragments(qf, q, ab, q_off, h, row0, row1, t, seqlen_q, k_steps):
+    """Register-Q path: the A fragments of Q rows ``row0`` and ``row1 = row0 + 8`` for
+    ``k_steps`` 16-column k-steps into ``qf`` (uint32, 4 per k-step: (row0, w), (row1, w),
+    (row0, w + 4), (row1, w + 4) with word column ``w = 8 kk + t``); rows at or past
+    ``seqlen_q`` give zeros. q uint32 (B, S, H, D/2); ``k_steps`` 0 when Q is in shared memory."""
+    zero_w = np.uint32(0)
+    for kk in range(k_steps):
+        w = kk * 8 + t
+        x0 = zero_w
+        x2 = zero_w
+        if row0 < seqlen_q:
+            x0 = q[ab, q_off + row0, h, w]
+            x2 = q[ab, q_off + row0, h, w + 4]
+        x1 = zero_w
+        x3 = zero_w
+        if row1 < seqlen_q:
+            x1 = q[ab, q_off + row1, h, w]
+            x3 = q[ab, q_off + row1, h, w + 4]
+        qf[kk * 4 + 0] = x0
+        qf[kk * 4 + 1] = x1
+        qf[kk * 4 + 2] = x2
+        qf[kk * 4 + 3] = x3
+
+
+@cuda.jit(device=True, inline=True)
+def init_rows(acc, m_run, l_run, m_tiles, of):
+    """Zero the output accumulator ``acc`` (float32, ``m_tiles * of``) and start the running row
+    maxima ``m_run`` at -inf and row sums ``l_run`` at 0 (float32, ``2 m_tiles`` each)."""
+    for i in range(m_tiles * of):
+        acc[i] = np.float32(0.0)
+    for i in range(2 * m_tiles):
+        m_run[i] = np.float32(NEG_INF)
+        l_run[i] = np.float32(0.0)
+
+
+@cuda.jit(device=True, inline=True)
+def copy_rows(dst, dst_addr, src, ab, off, row0, limit, hk, cp_row, cp_part, cp_swz, passes,
+              nseg, tpl, rpp, blk, wg):
+    """This thread's share of the block's cp.async copy of tile rows ``row0 ..`` of
+    ``src[ab, off + row, hk, :]`` (uint32 (B, S, H, D/2)); rows at or past ``limit`` become
+    zeros (source row 0, 0 bytes read). Thread (``cp_row``, ``cp_part``) copies 16-byte chunk
+    ``cp_part`` of each ``tpl``-chunk segment (``nseg`` per row) of rows ``cp_row + rpp ps``,
+    ``ps < passes``: into the static shared tile ``dst`` (uint32 (rows, cols), word column
+    XOR ``cp_swz``), or with ``wg`` to the shared address ``dst_addr`` (this thread's first
+    destination in a 128-byte-swizzled tile; 128 bytes per row, ``blk`` bytes per 64-column
+    block). Commits nothing."""
+    for ps in range(passes):
+        key = row0 + cp_row + ps * rpp
+        ok = key < limit
+        src_row = off + key if ok else 0
+        for sg in range(nseg):
+            c = (sg * tpl + cp_part) * 4
+            if wg:
+                cp_async16_to(dst_addr + ps * rpp * 128 + sg * blk, src, ab, src_row, hk, c,
+                              16 if ok else 0)
+            else:
+                cp_async16(dst, cp_row + ps * rpp, c ^ cp_swz, src, ab, src_row, hk, c,
+                           16 if ok else 0)
+
+
+@cuda.jit(device=True, inline=True)
+def qk_mma(s, qs, qf, ks, warp, v_row, v_col, swz, k_steps, ns, sf, s_n, wrows, m_tiles,
+           q_smem, bf16):
+    """S = Q K^T of one key tile on mma.sync m16n8k16 (fp32 accumulation), into ``s`` (float32
+    ``s_n = m_tiles * sf``; m-tile mt's ``ns`` 8-key n-tiles at ``mt * sf + 4 j + e``).
+
+    A fragments: ldmatrix from the shared Q tile ``qs`` (uint32 (BM, row words), this warp's
+    rows from ``warp * wrows``) when ``q_smem``, else the registers ``qf`` (uint32, 4 per
+    k-step; ``load_q_fragments``). B fragments: ldmatrix from the shared K tile ``ks`` (uint32
+    (BN, row words)); each feeds every m-tile (``m_tiles`` 1 or 2). ``k_steps`` 16-column
+    k-steps; ``v_row`` / ``v_col`` / ``swz`` this lane's ldmatrix row, word column and swizzle.
+    """
+    for i in range(s_n):
+        s[i] = np.float32(0.0)
+    for kk in range(k_steps):
+        if q_smem:
+            a0, a1, a2, a3 = ldmatrix_x4(qs, warp * wrows + v_row, (kk * 8 + v_col) ^ swz)
+        else:
+            a0 = qf[kk * 4]
+            a1 = qf[kk * 4 + 1]
+            a2 = qf[kk * 4 + 2]
+            a3 = qf[kk * 4 + 3]
+        if m_tiles > 1:
+            e0, e1, e2, e3 = ldmatrix_x4(qs, warp * wrows + 16 + v_row, (kk * 8 + v_col) ^ swz)
+        for jj in range(ns // 2):
+            # Same lane addressing as the Q and V loads (one set of swizzled column offsets
+            # for all three): matrices (keys 0-7, k 0-7), (keys 8-15, k 0-7), (keys 0-7,
+            # k 8-15), (keys 8-15, k 8-15) -> b0, b2, b1, b3.
+            b0, b2, b1, b3 = ldmatrix_x4(ks, jj * 16 + v_row, (kk * 8 + v_col) ^ swz)
+            j = 8 * jj
+            c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b0, b1, s[j], s[j + 1], s[j + 2],
+                                   s[j + 3])
+            s[j] = c0
+            s[j + 1] = c1
+            s[j + 2] = c2
+            s[j + 3] = c3
+            c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b2, b3, s[j + 4], s[j + 5], s[j + 6],
+                                   s[j + 7])
+            s[j + 4] = c0
+            s[j + 5] = c1
+            s[j + 6] = c2
+            s[j + 7] = c3
+            if m_tiles > 1:
+                j += sf
+                c0, c1, c2, c3 = mma16(bf16, e0, e1, e2, e3, b0, b1, s[j], s[j + 1], s[j + 2],
+                                       s[j + 3])
+                s[j] = c0
+                s[j + 1] = c1
+                s[j + 2] = c2
+                s[j + 3] = c3
+                c0, c1, c2, c3 = mma16(bf16, e0, e1, e2, e3, b2, b3, s[j + 4], s[j + 5],
+                                       s[j + 6], s[j + 7])
+                s[j + 4] = c0
+                s[j + 5] = c1
+                s[j + 6] = c2
+                s[j + 7] = c3
+
+
+@cuda.jit(device=True, inline=True)
+def qk_wgmma(s, dq, dk, k_steps, bn, blk_q, blk_k, bf16):
+    """S = Q K^T of one key tile on wgmma m64n{bn}k16 (this warpgroup's 64 query rows, fp32
+    accumulation into ``s``, float32 ``bn / 2``: the mma.sync accumulator layout of the warp's
+    16 rows). Q and K are K-major in 128-byte-swizzled shared tiles (descriptors ``dq`` /
+    ``dk``, uint64); k-step kk is column block kk // 4 (``blk_q`` / ``blk_k`` bytes each), 32
+    bytes per step inside it (descriptor addresses count 16-byte units); the first step
+    overwrites ``s`` (scale-d 0). Waits for the result."""
+    wgmma_fence()
+    for kk in range(k_steps):
+        wgmma_ss(bf16, bn, s,
+                 dq + np.uint64((kk // 4) * (blk_q >> 4) + (kk % 4) * 2),
+                 dk + np.uint64((kk // 4) * (blk_k >> 4) + (kk % 4) * 2),
+                 0 if kk == 0 else 1)
+    wgmma_commit()
+    wgmma_wait(bn, s)
+
+
+@cuda.jit(device=True, inline=True)
+def pv_mma(acc, pk, vs, v_row, v_col, swz, p_steps, nd, sf, of, m_tiles, bf16):
+    """O += P V of one key tile on mma.sync m16n8k16. A fragments: the packed probabilities
+    ``pk`` (uint32 16-bit pairs, ``m_tiles * sf / 2``, the S accumulator layout, which is the A
+    layout: k-step kb's four words at ``4 kb``, m-tile 1's from ``sf / 2``). B fragments:
+    ldmatrix.trans from the shared V tile ``vs`` (uint32 (BN, row words)), each feeding every
+    m-tile. ``acc`` float32 (``m_tiles * of``; ``nd`` 8-column n-tiles per m-tile);
+    ``p_steps`` 16-key k-steps."""
+    for kb in range(p_steps):
+        j = kb * 4
+        a0 = pk[j]
+        a1 = pk[j + 1]
+        a2 = pk[j + 2]
+        a3 = pk[j + 3]
+        if m_tiles > 1:
+            j += sf // 2
+            e0 = pk[j]
+            e1 = pk[j + 1]
+            e2 = pk[j + 2]
+            e3 = pk[j + 3]
+        for dd in range(nd // 2):
+            b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, (dd * 8 + v_col) ^ swz)
+            o = 8 * dd
+            c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b0, b1, acc[o], acc[o + 1],
+                                   acc[o + 2], acc[o + 3])
+            acc[o] = c0
+            acc[o + 1] = c1
+            acc[o + 2] = c2
+            acc[o + 3] = c3
+            c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b2, b3, acc[o + 4], acc[o + 5],
+                                   acc[o + 6], acc[o + 7])
+            acc[o + 4] = c0
+            acc[o + 5] = c1
+            acc[o + 6] = c2
+            acc[o + 7] = c3
+            if m_tiles > 1:
+                o += of
+                c0, c1, c2, c3 = mma16(bf16, e0, e1, e2, e3, b0, b1, acc[o], acc[o + 1],
+                                       acc[o + 2], acc[o + 3])
+                acc[o] = c0
+                acc[o + 1] = c1
+                acc[o + 2] = c2
+                acc[o + 3] = c3
+                c0, c1, c2, c3 = mma16(bf16, e0, e1, e2, e3, b2, b3, acc[o + 4], acc[o + 5],
+                                       acc[o + 6], acc[o + 7])
+                acc[o + 4] = c0
+                acc[o + 5] = c1
+                acc[o + 6] = c2
+                acc[o + 7] = c3
+
+
+@cuda.jit(device=True, inline=True)
+def pv_wgmma(acc, pk, dv, p_steps, d, bf16):
+    """O += P V of one key tile on wgmma m64n{d}k16: A = the packed probabilities ``pk``
+    (uint32, registers: the mma.sync A fragments of the warp's 16 rows), B = the V tile
+    (MN-major, 128-byte-swizzled shared memory, descriptor ``dv``); k-step kb covers keys
+    16 kb .. 16 kb + 15, i.e. 16 rows of 128 bytes further. ``acc`` float32 (``d / 2``).
+    Waits for the result."""
+    wgmma_fence()
+    for kb in range(p_steps):
+        j = kb * 4
+        wgmma_rs(bf16, d, acc, pk[j], pk[j + 1], pk[j + 2], pk[j + 3],
+                 dv + np.uint64(kb * 16 * 128 >> 4))
+    wgmma_commit()
+    wgmma_wait(d, acc)
+
+
+@cuda.jit(device=True, inline=True)
+def score_logits(s, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, scale_log2, cap_in,
+                 cap_out, slope, smod, ns, sf, m_tiles, has_softcap, alibi, score_mod):
+    """The raw products ``s`` (float32, the S accumulator layout; keys from ``k0``, the warp's
+    rows from ``wrow``) to base-2 logits in place: ``cap_out tanh(cap_in x)`` (``has_softcap``)
+    or ``scale_log2 x``; minus ``slope |i - j|`` (``alibi``; slope already times log2 e);
+    then the user's ``smod(score, b, h, q_idx, kv_idx)`` (``score_mod``) on the natural-log
+    score with indices clamped into the sequence. The m-tile loop is innermost so that every
+    loop unrolls fully."""
+    for j in range(ns):
+        for e in range(4):
+            kpos = k0 + j * 8 + 2 * t + (e & 1)
+            for mt in range(m_tiles):
+                x = s[mt * sf + j * 4 + e]
+                if has_softcap:
+                    x = cap_out * math.tanh(cap_in * x)
+                else:
+                    x = x * scale_log2
+                if alibi:
+                    qpos = wrow + mt * 16 + g + 8 * (e >> 1) + offset
+                    x -= slope * abs(qpos - kpos)
+                if score_mod:   # natural-log score in, indices inside the sequence
+                    qc = min(wrow + mt * 16 + g + 8 * (e >> 1), seqlen_q - 1) + offset
+                    kc = min(kpos, seqlen_k - 1)
+                    x = np.float32(smod(x * np.float32(LN2), b, h, qc, kc)) * np.float32(LOG2E)
+                s[mt * sf + j * 4 + e] = x
+
+
+@cuda.jit(device=True, inline=True)
+def mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, window_left,
+              window_right, sinks, mk_iv, mk_bits, iv_addr, mod, ns, sf, run_n, bn, kind,
+              iv_smem, has_left, has_right, has_sinks):
+    """Per-element mask of a partial key tile: logits ``s`` (float32, S accumulator layout) of
+    invisible (row, key) pairs become -inf. Visible: key inside the sequence, inside the
+    window (``has_left`` / ``has_right``, bottom-right aligned by ``offset``) or a sink
+    (``has_sinks``), and by the mask object ``kind``: INTERVALS (the key column's 4 bounds
+    from ``mk_iv`` int32 (4, Sk), or with ``iv_smem`` from the shared copy at ``iv_addr``: 4 x
+    ``bn`` int32), BITMASK (``mk_bits`` uint32 (Sq, words) through ``words``, uint32
+    ``run_n``), MASK_MOD (``mod(b, h, q, k)``). A key column's mask data is loaded once for
+    all the thread's rows; bitwise & / | on the booleans (not ``and`` / ``or``) make selects,
+    no branches, so the pass is one scheduled stretch per column."""
+    for j in range(ns):
+        if kind == BITMASK:
+            wcol = min((k0 + j * 8) >> 5, mk_bits.shape[1] - 1)
+            for r in range(run_n):
+                row = wrow + (r >> 1) * 16 + g + 8 * (r & 1)
+                words[r] = mk_bits[min(row, seqlen_q - 1), wcol]
+        if iv_smem:   # this thread's two columns of each bound: one 8-byte load
+            ivc = iv_addr + (j * 8 + 2 * t) * 4
+            lts0, lts1 = lds_i32x2(ivc)
+            lte0, lte1 = lds_i32x2(ivc + bn * 4)
+            uts0, uts1 = lds_i32x2(ivc + bn * 8)
+            ute0, ute1 = lds_i32x2(ivc + bn * 12)
+        for c in range(2):
+            kpos = k0 + j * 8 + 2 * t + c
+            if iv_smem:
+                lts = lts0 if c == 0 else lts1
+                lte = lte0 if c == 0 else lte1
+                uts = uts0 if c == 0 else uts1
+                ute = ute0 if c == 0 else ute1
+            elif kind == INTERVALS:
+                col = min(kpos, seqlen_k - 1)
+                lts = mk_iv[0, col]
+                lte = mk_iv[1, col]
+                uts = mk_iv[2, col]
+                ute = mk_iv[3, col]
+            for r in range(run_n):
+                row = wrow + (r >> 1) * 16 + g + 8 * (r & 1)
+                qpos = row + offset
+                vis = kpos < seqlen_k
+                if has_left:
+                    vis = vis & (kpos >= qpos - window_left)
+                if has_right:
+                    vis = vis & (kpos <= qpos + window_right)
+                if has_sinks:
+                    vis = vis | ((kpos < sinks) & (kpos <= qpos) & (kpos < seqlen_k))
+                if kind == INTERVALS:
+                    vis = vis & ((row < lts) | (row >= lte)) & ((row < uts) | (row >= ute))
+                elif kind == BITMASK:
+                    vis = vis & (((words[r] >> (kpos & 31)) & 1) != 0)
+                elif kind == MASK_MOD:
+                    if vis and row < seqlen_q:
+                        vis = mod(b, h, qpos, kpos)
+                e = (r >> 1) * sf + j * 4 + c + 2 * (r & 1)
+                s[e] = s[e] if vis else np.float32(NEG_INF)
+
+
+@cuda.jit(device=True, inline=True)
+def update_row_max(s, m_run, mx, mu, alpha, ns, sf, m_tiles, run_n):
+    """Online softmax, step 1: the tile's row maxima of the logits ``s`` (float32, S
+    accumulator layout), reduced over the lane quad that holds a row, update the running
+    maxima ``m_run``; ``alpha = exp2(m_old - m_new)`` rescales the old sums and output, ``mu``
+    is the maximum to subtract (0 for a row that has seen no key yet: exp2 then gives 0).
+    ``mx`` (maxima scratch) is left at 0 for the row sums. Row arrays float32 (``run_n`` =
+    2 m_tiles, index ``2 mt + half``)."""
+    for i in range(run_n):
+        mx[i] = np.float32(NEG_INF)
+    for j in range(ns):
+        for e in range(4):
+            for mt in range(m_tiles):
+                r = 2 * mt + (e >> 1)
+                mx[r] = max(mx[r], s[mt * sf + j * 4 + e])
+    for r in range(run_n):
+        # The 4 lanes of a quad hold one row: reduce across them.
+        x = mx[r]
+        x = max(x, shfl_xor(x, 1))
+        x = max(x, shfl_xor(x, 2))
+        m_new = max(m_run[r], x)
+        # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp2 gives 0.
+        mu[r] = m_new if m_new != NEG_INF else np.float32(0.0)
+        alpha[r] = exp2(m_run[r] - mu[r])
+        m_run[r] = m_new
+        mx[r] = np.float32(0.0)      # from here on: this tile's row sums
+
+
+@cuda.jit(device=True, inline=True)
+def exp_and_pack(s, pk, mx, mu, alpha, l_run, ns, sf, m_tiles, run_n, bf16):
+    """Online softmax, step 2: P = exp2(S - mu), packed at once to 16-bit pairs into ``pk``
+    (uint32, ``m_tiles * sf / 2``, same order as ``s``: the A operand of P V; half the
+    registers of the fp32 scores stay live across the barrier that follows); the tile's row
+    sums (``mx``) join the running per-lane partial sums ``l_run = l_run alpha + sum`` (the
+    quad is summed once, in the epilogue)."""
+    for j in range(ns):
+        for e in range(0, 4, 2):
+            for mt in range(m_tiles):
+                r = 2 * mt + (e >> 1)
+                p0 = exp2(s[mt * sf + j * 4 + e] - mu[r])
+                p1 = exp2(s[mt * sf + j * 4 + e + 1] - mu[r])
+                mx[r] += p0 + p1
+                pk[(mt * sf + j * 4 + e) >> 1] = pack16(bf16, p0, p1)
+    for r in range(run_n):
+        # per-lane partial sums; the quad is summed once at the end
+        l_run[r] = l_run[r] * alpha[r] + mx[r]
+
+
+@cuda.jit(device=True, inline=True)
+def rescale_acc(acc, alpha, nd, of, m_tiles):
+    """Online softmax, step 3: the output accumulator ``acc`` (float32, ``m_tiles * of``: ``nd``
+    n-tiles per m-tile) times its rows' ``alpha`` (float32, index ``2 mt + half``)."""
+    for dn in range(nd):
+        for e in range(4):
+            for mt in range(m_tiles):
+                acc[mt * of + dn * 4 + e] *= alpha[2 * mt + (e >> 1)]
+
+
+@cuda.jit(device=True, inline=True)
+def copy_bounds(iv_addr, mk_iv, key0, seqlen_k, tid, threads, per_thread, bn):
+    """This thread's share of the cp.async copy (4 bytes each) of the interval bounds of keys
+    ``key0 .. key0 + bn - 1`` (``mk_iv`` int32 (4, Sk); keys past ``seqlen_k``: zeros) to the
+    shared address ``iv_addr`` (4 x ``bn`` int32: bound idx // bn of column idx % bn at
+    ``iv_addr + 4 idx``). Commits nothing."""
+    for u in range(per_thread):
+        idx = tid + u * threads          # bound idx // BN of column idx % BN
+        key = key0 + idx % bn
+        cp_async4_to(iv_addr + idx * 4, mk_iv, idx // bn, key if key < seqlen_k else 0,
+                     4 if key < seqlen_k else 0)
+
+
+@cuda.jit(device=True, inline=True)
+def wgmma_tiles(dyn, warp, cp_row, cp_part, q_off, k_off, v_off, blk_k):
+    """wgmma path: ``(sbase, cp_dst, dq, dk, dv)``: the 1024-byte aligned shared address of the
+    dynamic tiles (``dyn``, the kernel's dynamic shared array), this thread's first copy
+    destination relative to a tile's start (row ``cp_row``, 16-byte chunk ``cp_part``,
+    128-byte swizzle), and the uint64 descriptors of this warpgroup's 64 Q rows and of the K
+    tile (both K-major) and the V tile (MN-major: leading offset = one 64-column block of V,
+    ``blk_k`` bytes); the tiles sit ``q_off`` / ``k_off`` / ``v_off`` bytes from ``sbase``."""
+    sbase = (np.int64(shared_addr(dyn)) + 1023) & ~1023
+    cp_dst = cp_row * 128 + ((cp_part ^ (cp_row & 7)) << 4)
+    dq = sw128_desc(sbase + q_off + (warp >> 2) * 64 * 128, 16, 1024)
+    dk = sw128_desc(sbase + k_off, 16, 1024)
+    dv = sw128_desc(sbase + v_off, blk_k, 1024)
+    return sbase, cp_dst, dq, dk, dv
+
