@@ -26,6 +26,11 @@ Masks: ``window_left`` / ``window_right`` (causal is right = 0) / ``sinks``, and
 (``tree_bits``: for query row s, bit t set iff tree node t is visible, i.e. an ancestor or
 itself; the tree occupies the last ``tree_len`` keys of each sequence, keys before it are
 visible causally). Scores are base 2 (log2 e folded into the scale) and use ``ex2.approx``.
+
+The kernel's steps are ``inline=True`` device functions (``load_query_rows``, ``load_keys``,
+``key_scores``, ``mask_scores``, ``softmax_rows``, ``accumulate_pv``, ``post_state``,
+``merge_pair``), cut so that the machine code stays byte-identical to the single-body kernel
+(scripts/sass_snapshot_decode.py --compare).
 """
 from __future__ import annotations
 
@@ -39,7 +44,8 @@ from ..primitives import exp2, ld_v4, pack16, shfl_xor, unpack16
 from .decode_split import cache_slot, split_keys
 from .jitcache import jit_kernel
 
-__all__ = ["make_decode_kernel", "decode_kernel", "decode_geometry", "DECODE_WARPS", "MAX_ROWS"]
+__all__ = ["make_decode_kernel", "decode_kernel", "decode_geometry", "tree_visible", "DECODE_WARPS",
+           "MAX_ROWS"]
 
 DECODE_WARPS = 4
 MAX_ROWS = 8
@@ -71,6 +77,218 @@ def decode_geometry(head_dim: int, rows: int):
     epl = head_dim // lpk
     unroll = max(1, min(64 // epl, 32 // rows))
     return lpk, epl, unroll
+
+
+# ----------------------------------------------------------------------------- kernel steps
+@cuda.jit(device=True, inline=True)
+def tree_visible(vis, kpos, qp, tree_start, word_lo, word_hi):
+    """``vis`` and the draft-tree mask of the query at position ``qp`` for the key at ``kpos``:
+    a key at or past ``tree_start`` is tree node ``kpos - tree_start``, visible iff its bit is
+    set in the row's tree words ``word_lo`` (nodes 0..31) / ``word_hi`` (32..63); earlier keys
+    are visible causally. Shared with decode_mma.py's kernel."""
+    tk = kpos - tree_start
+    if tk >= 0:
+        word = word_lo if tk < 32 else word_hi
+        vis = vis and ((word >> (tk & 31)) & 1) != 0
+    else:
+        vis = vis and kpos <= qp
+    return vis
+
+
+@cuda.jit(device=True, inline=True)
+def load_query_rows(qf, acc, mrow, lrow, qpos, rmask0, rmask1, q, tree_bits, b, hk, chunk,
+                    heads_ratio, seqlen_q, m_rows, offset, sub, scale_log2, has_tree,
+                    has_softcap, bf16, rows, ch, lpk, epl):
+    """The block's ``rows`` packed query rows (row i of chunk ``chunk`` is query ``s`` of head
+    ``hk * heads_ratio + gi``, ``rr = chunk * rows + i = gi * seqlen_q + s``): this lane's
+    ``epl`` elements of each (16-byte chunks ``sub + c * lpk``) into ``qf`` as fp32, times
+    ``scale_log2`` unless softcapped; the rows' key positions ``qpos`` and tree words
+    ``rmask0`` / ``rmask1``; and the key group's zeroed online-softmax state (acc, mrow, lrow).
+    Rows past ``m_rows`` are zero queries."""
+    for i in range(rows):
+        rr = chunk * rows + i
+        gi = rr // seqlen_q
+        s = rr - gi * seqlen_q
+        live = rr < m_rows
+        h = hk * heads_ratio + gi
+        qpos[i] = s + offset
+        if has_tree:
+            rmask0[i] = tree_bits[s if live else 0, 0]
+            rmask1[i] = tree_bits[s if live else 0, 1]
+        for c in range(ch):
+            for j in range(4):
+                w = (sub + c * lpk) * 4 + j
+                x0 = np.float32(0.0)
+                x1 = np.float32(0.0)
+                if live:
+                    x0, x1 = unpack16(bf16, q[b, s, h, w])
+                if not has_softcap:
+                    x0 *= scale_log2
+                    x1 *= scale_log2
+                qf[i * epl + c * 8 + j * 2] = x0
+                qf[i * epl + c * 8 + j * 2 + 1] = x1
+        for e in range(epl):
+            acc[i * epl + e] = np.float32(0.0)
+        mrow[i] = np.float32(-math.inf)
+        lrow[i] = np.float32(0.0)
+
+
+@cuda.jit(device=True, inline=True)
+def load_keys(kw, vw, k, v, block_table, b, hk, base, kg, sub, ns, lo, v_end, paged, page_size,
+              page_shift, unroll, groups, ch, lpk):
+    """Issue every K and V load of one iteration: ``unroll`` keys of this lane's key group
+    (virtual keys ``base + u * groups + kg``: sinks, then the window), ``ch`` 16-byte chunks
+    each, into the registers ``kw`` / ``vw``; keys past the split's end read as zeros."""
+    for u in range(unroll):
+        vk = base + u * groups + kg
+        key = vk if vk < ns else vk - ns + lo
+        ok = vk < v_end
+        bi, row, ok = cache_slot(paged, key, ok, b, block_table, k.shape[0], page_size,
+                                 page_shift)
+        for c in range(ch):
+            w = (sub + c * lpk) * 4
+            if ok:
+                a0, a1, a2, a3 = ld_v4(k, bi, row, hk, w)
+                c0, c1, c2, c3 = ld_v4(v, bi, row, hk, w)
+            else:
+                a0 = a1 = a2 = a3 = np.uint32(0)
+                c0 = c1 = c2 = c3 = np.uint32(0)
+            o = (u * ch + c) * 4
+            kw[o] = a0
+            kw[o + 1] = a1
+            kw[o + 2] = a2
+            kw[o + 3] = a3
+            vw[o] = c0
+            vw[o + 1] = c1
+            vw[o + 2] = c2
+            vw[o + 3] = c3
+
+
+@cuda.jit(device=True, inline=True)
+def key_scores(sc, kw, qf, bf16, unroll, rows, ch, epl, log_lpk):
+    """Scores of the iteration's keys against the rows: partial fp32 dot products over this
+    lane's elements (``sc[i * unroll + u]``), summed over the key's ``2^log_lpk`` lanes by
+    xor-shuffles."""
+    for u in range(unroll):
+        for i in range(rows):
+            sc[i * unroll + u] = np.float32(0.0)
+        for c in range(ch):
+            for j in range(4):
+                k0, k1 = unpack16(bf16, kw[(u * ch + c) * 4 + j])
+                for i in range(rows):
+                    e = i * epl + c * 8 + j * 2
+                    sc[i * unroll + u] += qf[e] * k0 + qf[e + 1] * k1
+    for u in range(unroll):
+        for i in range(rows):
+            x = sc[i * unroll + u]
+            for sh in range(log_lpk):
+                x += shfl_xor(x, 1 << sh)
+            sc[i * unroll + u] = x
+
+
+@cuda.jit(device=True, inline=True)
+def mask_scores(sc, qpos, rmask0, rmask1, base, kg, ns, lo, v_end, tree_start, scale_log2,
+                cap_in, cap_out, window_left, window_right, sinks, has_left, has_right,
+                has_sinks, has_softcap, has_tree, unroll, rows, groups):
+    """Softcap the scores ``sc`` (when on) and set the pairs the masks hide to -inf: keys past
+    the split, outside the window ``[qpos - window_left, qpos + window_right]`` (the first
+    ``sinks`` keys visible causally) and, with a draft tree, tree nodes (keys from
+    ``tree_start``) that are not the row's ancestors (``rmask0`` / ``rmask1``); keys before the
+    tree are visible causally."""
+    for u in range(unroll):
+        vk = base + u * groups + kg
+        kpos = vk if vk < ns else vk - ns + lo
+        inrange = vk < v_end
+        for i in range(rows):
+            x = sc[i * unroll + u]
+            if has_softcap:
+                x = cap_out * math.tanh(cap_in * x)
+            qp = qpos[i]
+            vis = inrange
+            if has_right:
+                vis = vis and kpos <= qp + window_right
+            if has_left:
+                inwin = kpos >= qp - window_left
+                if has_sinks:
+                    inwin = inwin or (kpos < sinks and kpos <= qp)
+                vis = vis and inwin
+            if has_tree:
+                vis = tree_visible(vis, kpos, qp, tree_start, rmask0[i], rmask1[i])
+            if not vis:
+                x = np.float32(-math.inf)
+            sc[i * unroll + u] = x
+
+
+@cuda.jit(device=True, inline=True)
+def softmax_rows(sc, mrow, lrow, acc, unroll, rows, epl):
+    """One online-softmax step of every row in this key group's own state: new running maximum
+    ``mrow``, ``sc`` turned into probabilities, running sum ``lrow`` and ``acc`` rescaled."""
+    for i in range(rows):
+        mx = mrow[i]
+        for u in range(unroll):
+            mx = max(mx, sc[i * unroll + u])
+        mu = mx if mx != -math.inf else np.float32(0.0)
+        alpha = exp2(mrow[i] - mu)
+        mrow[i] = mx
+        rs = np.float32(0.0)
+        for u in range(unroll):
+            p = exp2(sc[i * unroll + u] - mu)
+            sc[i * unroll + u] = p
+            rs += p
+        lrow[i] = lrow[i] * alpha + rs
+        for e in range(epl):
+            acc[i * epl + e] *= alpha
+
+
+@cuda.jit(device=True, inline=True)
+def accumulate_pv(acc, vw, sc, bf16, unroll, rows, ch, epl):
+    """``acc`` += P V of the iteration's keys (``vw``, unpacked pair by pair) for every row."""
+    for u in range(unroll):
+        for c in range(ch):
+            for j in range(4):
+                v0, v1 = unpack16(bf16, vw[(u * ch + c) * 4 + j])
+                for i in range(rows):
+                    p = sc[i * unroll + u]
+                    e = i * epl + c * 8 + j * 2
+                    acc[e] += p * v0
+                    acc[e + 1] += p * v1
+
+
+@cuda.jit(device=True, inline=True)
+def post_state(sm_m, sm_l, sm_acc, mrow, lrow, acc, tid, rows, epl):
+    """Post this lane's state of every row (maximum, sum, its ``epl`` accumulator elements) to
+    row ``tid`` of the block's shared arrays."""
+    for i in range(rows):
+        sm_m[tid, i] = mrow[i]
+        sm_l[tid, i] = lrow[i]
+        for e in range(epl):
+            sm_acc[tid, i * epl + e] = acc[i * epl + e]
+
+
+@cuda.jit(device=True, inline=True)
+def merge_pair(sm_m, sm_l, sm_acc, i, w, states, groups, lpk, log_lpk, epl):
+    """Combine the ``states`` posted key-group states of row ``i`` for output elements
+    ``2w, 2w + 1``: the states of the lanes that loaded that 16-byte chunk (one per key group
+    of each warp). Returns (mx, tot, o0, o1): the row's maximum, total weight and the two
+    unnormalised outputs."""
+    ch = w >> 2                    # 16-byte chunk of the row holding elements 2w, 2w+1
+    owner = ch & (lpk - 1)         # the lane (within a key group) that loaded it
+    e0 = i * epl + (ch >> log_lpk) * 8 + ((2 * w) & 7)
+    mx = np.float32(-math.inf)
+    for st in range(states):
+        t = (st // groups) * 32 + (st % groups) * lpk + owner
+        mx = max(mx, sm_m[t, i])
+    mu = mx if mx != -math.inf else np.float32(0.0)
+    tot = np.float32(0.0)
+    o0 = np.float32(0.0)
+    o1 = np.float32(0.0)
+    for st in range(states):
+        t = (st // groups) * 32 + (st % groups) * lpk + owner
+        wt = exp2(sm_m[t, i] - mu)
+        tot += sm_l[t, i] * wt
+        o0 += sm_acc[t, e0] * wt
+        o1 += sm_acc[t, e0 + 1] * wt
+    return mx, tot, o0, o1
 
 
 def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has_left: bool,
@@ -150,32 +368,9 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
         m_rows = heads_ratio * seqlen_q
 
         # Packed rows: row i of this chunk is (query head hk * ratio + gi, query s).
-        for i in range(R):
-            rr = chunk * R + i
-            gi = rr // seqlen_q
-            s = rr - gi * seqlen_q
-            live = rr < m_rows
-            h = hk * heads_ratio + gi
-            qpos[i] = s + offset
-            if has_tree:
-                rmask0[i] = tree_bits[s if live else 0, 0]
-                rmask1[i] = tree_bits[s if live else 0, 1]
-            for c in range(CH):
-                for j in range(4):
-                    w = (sub + c * LPK) * 4 + j
-                    x0 = np.float32(0.0)
-                    x1 = np.float32(0.0)
-                    if live:
-                        x0, x1 = unpack16(BF16, q[b, s, h, w])
-                    if not has_softcap:
-                        x0 *= scale_log2
-                        x1 *= scale_log2
-                    qf[i * EPL + c * 8 + j * 2] = x0
-                    qf[i * EPL + c * 8 + j * 2 + 1] = x1
-            for e in range(EPL):
-                acc[i * EPL + e] = np.float32(0.0)
-            mrow[i] = np.float32(NEG_INF)
-            lrow[i] = np.float32(0.0)
+        load_query_rows(qf, acc, mrow, lrow, qpos, rmask0, rmask1, q, tree_bits, b, hk, chunk,
+                        heads_ratio, seqlen_q, m_rows, offset, sub, scale_log2, has_tree,
+                        has_softcap, BF16, R, CH, LPK, EPL)
 
         # Keys this chunk's rows may see: the window [lo, hi) plus sinks [0, ns) below it.
         chunk_rows, q_lo, q_hi, lo, ns, v_start, v_end = split_keys(
@@ -185,109 +380,21 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
 
         base = v_start + warp * KPW
         while base < v_end:
-            # Issue every load of the iteration first; consume them afterwards.
-            for u in range(U):
-                vk = base + u * GROUPS + kg
-                key = vk if vk < ns else vk - ns + lo
-                ok = vk < v_end
-                bi, row, ok = cache_slot(paged, key, ok, b, block_table, k.shape[0], page_size,
-                                         page_shift)
-                for c in range(CH):
-                    w = (sub + c * LPK) * 4
-                    if ok:
-                        a0, a1, a2, a3 = ld_v4(k, bi, row, hk, w)
-                        c0, c1, c2, c3 = ld_v4(v, bi, row, hk, w)
-                    else:
-                        a0 = a1 = a2 = a3 = np.uint32(0)
-                        c0 = c1 = c2 = c3 = np.uint32(0)
-                    o = (u * CH + c) * 4
-                    kw[o] = a0
-                    kw[o + 1] = a1
-                    kw[o + 2] = a2
-                    kw[o + 3] = a3
-                    vw[o] = c0
-                    vw[o + 1] = c1
-                    vw[o + 2] = c2
-                    vw[o + 3] = c3
-
-            # Scores: partial dot products over this lane's elements, reduced over the LPK lanes.
-            for u in range(U):
-                for i in range(R):
-                    sc[i * U + u] = np.float32(0.0)
-                for c in range(CH):
-                    for j in range(4):
-                        k0, k1 = unpack16(BF16, kw[(u * CH + c) * 4 + j])
-                        for i in range(R):
-                            e = i * EPL + c * 8 + j * 2
-                            sc[i * U + u] += qf[e] * k0 + qf[e + 1] * k1
-            for u in range(U):
-                for i in range(R):
-                    x = sc[i * U + u]
-                    for sh in range(LOG_LPK):
-                        x += shfl_xor(x, 1 << sh)
-                    sc[i * U + u] = x
-            for u in range(U):
-                vk = base + u * GROUPS + kg
-                kpos = vk if vk < ns else vk - ns + lo
-                inrange = vk < v_end
-                for i in range(R):
-                    x = sc[i * U + u]
-                    if has_softcap:
-                        x = cap_out * math.tanh(cap_in * x)
-                    qp = qpos[i]
-                    vis = inrange
-                    if has_right:
-                        vis = vis and kpos <= qp + window_right
-                    if has_left:
-                        inwin = kpos >= qp - window_left
-                        if has_sinks:
-                            inwin = inwin or (kpos < sinks and kpos <= qp)
-                        vis = vis and inwin
-                    if has_tree:
-                        tk = kpos - tree_start
-                        if tk >= 0:
-                            word = rmask0[i] if tk < 32 else rmask1[i]
-                            vis = vis and ((word >> (tk & 31)) & 1) != 0
-                        else:
-                            vis = vis and kpos <= qp
-                    if not vis:
-                        x = np.float32(NEG_INF)
-                    sc[i * U + u] = x
-
+            # Issue every load of the iteration first (load_keys); consume them afterwards.
+            load_keys(kw, vw, k, v, block_table, b, hk, base, kg, sub, ns, lo, v_end, paged,
+                      page_size, page_shift, U, GROUPS, CH, LPK)
+            key_scores(sc, kw, qf, BF16, U, R, CH, EPL, LOG_LPK)
+            mask_scores(sc, qpos, rmask0, rmask1, base, kg, ns, lo, v_end, tree_start,
+                        scale_log2, cap_in, cap_out, window_left, window_right, sinks, has_left,
+                        has_right, has_sinks, has_softcap, has_tree, U, R, GROUPS)
             # Online softmax per row, in this key group's own state.
-            for i in range(R):
-                mx = mrow[i]
-                for u in range(U):
-                    mx = max(mx, sc[i * U + u])
-                mu = mx if mx != NEG_INF else np.float32(0.0)
-                alpha = exp2(mrow[i] - mu)
-                mrow[i] = mx
-                rs = np.float32(0.0)
-                for u in range(U):
-                    p = exp2(sc[i * U + u] - mu)
-                    sc[i * U + u] = p
-                    rs += p
-                lrow[i] = lrow[i] * alpha + rs
-                for e in range(EPL):
-                    acc[i * EPL + e] *= alpha
-            for u in range(U):
-                for c in range(CH):
-                    for j in range(4):
-                        v0, v1 = unpack16(BF16, vw[(u * CH + c) * 4 + j])
-                        for i in range(R):
-                            p = sc[i * U + u]
-                            e = i * EPL + c * 8 + j * 2
-                            acc[e] += p * v0
-                            acc[e + 1] += p * v1
+            softmax_rows(sc, mrow, lrow, acc, U, R, EPL)
+            accumulate_pv(acc, vw, sc, BF16, U, R, CH, EPL)
             base += KPB
 
         # Every lane posts its key group's state; then each thread merges the NW * GROUPS states
         # of the output elements it finishes (pairs, for packed 16-bit stores).
-        for i in range(R):
-            sm_m[tid, i] = mrow[i]
-            sm_l[tid, i] = lrow[i]
-            for e in range(EPL):
-                sm_acc[tid, i * EPL + e] = acc[i * EPL + e]
+        post_state(sm_m, sm_l, sm_acc, mrow, lrow, acc, tid, R, EPL)
         cuda.syncthreads()
 
         for idx in range(tid, R * DW, NT):
@@ -298,23 +405,8 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
                 gi = rr // seqlen_q
                 s = rr - gi * seqlen_q
                 h = hk * heads_ratio + gi
-                ch = w >> 2                    # 16-byte chunk of the row holding elements 2w, 2w+1
-                owner = ch & (LPK - 1)         # the lane (within a key group) that loaded it
-                e0 = i * EPL + (ch >> LOG_LPK) * 8 + ((2 * w) & 7)
-                mx = np.float32(NEG_INF)
-                for st in range(NW * GROUPS):
-                    t = (st // GROUPS) * 32 + (st % GROUPS) * LPK + owner
-                    mx = max(mx, sm_m[t, i])
-                mu = mx if mx != NEG_INF else np.float32(0.0)
-                tot = np.float32(0.0)
-                o0 = np.float32(0.0)
-                o1 = np.float32(0.0)
-                for st in range(NW * GROUPS):
-                    t = (st // GROUPS) * 32 + (st % GROUPS) * LPK + owner
-                    wt = exp2(sm_m[t, i] - mu)
-                    tot += sm_l[t, i] * wt
-                    o0 += sm_acc[t, e0] * wt
-                    o1 += sm_acc[t, e0 + 1] * wt
+                mx, tot, o0, o1 = merge_pair(sm_m, sm_l, sm_acc, i, w, NW * GROUPS, GROUPS, LPK,
+                                             LOG_LPK, EPL)
                 inv = np.float32(0.0)
                 if tot != 0:
                     inv = np.float32(1.0) / tot
@@ -331,8 +423,8 @@ def make_decode_kernel(head_dim: int, is_bf16: bool, rows: int, paged: bool, has
                     if w == 0:
                         lse_part[split, b, h, s] = lse_val
 
-    return jit_kernel(kernel, ("decode", head_dim, is_bf16, rows, paged, has_left, has_right, has_sinks,
-                         has_softcap, has_tree, direct, write_lse))
+    return jit_kernel(kernel, ("decode", head_dim, is_bf16, rows, paged, has_left, has_right,
+                               has_sinks, has_softcap, has_tree, direct, write_lse))
 
 
 # ----------------------------------------------------------------------------- launcher

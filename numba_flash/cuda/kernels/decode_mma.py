@@ -29,8 +29,9 @@ the lane's rows and Q fragments (``lane_layout``, ``lane_rows``, ``tree_words``,
 single-body kernel they came from (scripts/sass_snapshot_decode.py --compare): evaluation
 order, loop structure and every expression's operand order as they were. Cuts that changed
 it (register allocation) were left out: the tile's "every pair visible" test as a helper of its
-own or inside ``tile_mask_max`` (it stays in the body), and the per-key mask as a function
-shared with decode_fma.py (it stays written out in ``tile_mask_max``).
+own or inside ``tile_mask_max`` (it stays in the body), and the per-key window / sinks test as
+a function shared with decode_fma.py (written out in ``tile_mask_max``; the tree test,
+``tree_visible``, is shared).
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ from ..primitives import (SIMULATOR, arrive_acq_rel, bcast0, cp_async16,
                           cp_async_wait_3, evict_first_policy, exp2,
                           grid_dependency_wait, grid_launch_dependents, ld2, ldmatrix_x4,
                           ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, st2, syncwarp)
+from .decode_fma import tree_visible
 from .decode_split import cache_slot, split_keys
 from .jitcache import jit_kernel
 
@@ -386,15 +388,10 @@ def tile_mask_max(s, full, kb0, t, ns, lo, v_end, qpos0, qpos1, tb00, tb01, tb10
                         inwin = inwin or (kpos < sinks and kpos <= qp)
                     vis = vis and inwin
                 if has_tree:
-                    tk = kpos - tree_start
-                    if tk >= 0:
-                        if e < 2:
-                            word = tb00 if tk < 32 else tb01
-                        else:
-                            word = tb10 if tk < 32 else tb11
-                        vis = vis and ((word >> (tk & 31)) & 1) != 0
+                    if e < 2:
+                        vis = tree_visible(vis, kpos, qp, tree_start, tb00, tb01)
                     else:
-                        vis = vis and kpos <= qp
+                        vis = tree_visible(vis, kpos, qp, tree_start, tb10, tb11)
                 if not vis:
                     x = np.float32(-math.inf)
             s[j * 4 + e] = x
