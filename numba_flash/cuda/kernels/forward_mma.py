@@ -20,7 +20,7 @@ from numba.cuda import types
 from ..primitives import (SIMULATOR, cp_async_commit, cp_async_wait_all, fence_proxy_async,
                           lowest_bit)
 from .forward_geometry import MMA_THREADS, WG_THREADS, mma_q_in_smem, mma_swizzled
-from .forward_mma_tiles import (copy_bounds, copy_rows, exp_and_pack, init_rows, load_q_fragments,
+from .forward_mma_tiles import (copy_k_stage, copy_rows, exp_and_pack, init_rows, load_q_fragments,
                                 mask_tile, pv_mma, pv_wgmma, qk_mma, qk_wgmma, rescale_acc,
                                 score_logits, store_output, update_row_max, wgmma_tiles)
 from .jitcache import jit_kernel
@@ -92,11 +92,12 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     (8, n_ktiles) their min/max, mk_tab int8 (T, n_qtiles, n_ktiles) class table (T = 1 or
     B * Hq), mk_bits uint32 bitmask words. ``varlen``: q/k/v/out are (1, total, H, D/2), lse
     (1, Hq, total_q), sequence b owns rows cu_q[b]:cu_q[b+1] and keys cu_k[b]:cu_k[b+1].
-    ``has_alibi``: alibi float32 (B, Hq) slopes, ``-slope * |i - j|`` added after the softcap. With softcap the base-2 score is
-    ``cap_out * tanh(cap_in * q.k)``, else ``scale_log2 * q.k``. ``score_mod``: the user's
-    ``fn(score, b, h, q_idx, kv_idx)``, compiled in and applied after the softcap and ALiBi to
-    the natural-log score (the kernel's base-2 score times ln 2; the result times log2 e), with
-    q_idx and kv_idx clamped into the sequence (rows and keys past it are never used).
+    ``has_alibi``: alibi float32 (B, Hq) slopes, ``-slope * |i - j|`` added after the softcap.
+    With softcap the base-2 score is ``cap_out * tanh(cap_in * q.k)``, else ``scale_log2 * q.k``.
+    ``score_mod``: the user's ``fn(score, b, h, q_idx, kv_idx)``, compiled in and applied after
+    the softcap and ALiBi to the natural-log score (the kernel's base-2 score times ln 2; the
+    result times log2 e), with q_idx and kv_idx clamped into the sequence (rows and keys past
+    it are never used).
 
     Pipeline per key tile (FlashAttention-2's): wait for K, barrier, start the V copy
     (cp.async), S = Q K^T from ldmatrix fragments, online softmax, wait for V, barrier, start
@@ -206,7 +207,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         mx = cuda.local.array(RUN_N, types.float32)       # per tile: row maxima, then row sums
         mu = cuda.local.array(RUN_N, types.float32)
         alpha = cuda.local.array(RUN_N, types.float32)
-        words = cuda.local.array(RUN_N, types.uint32)     # bitmask words of the rows (partial tiles)
+        words = cuda.local.array(RUN_N, types.uint32)     # bitmask words of the rows
 
         offset = seqlen_k - seqlen_q
         wrow = qtile * BM + warp * WROWS     # first row of this warp
@@ -246,12 +247,9 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
                 copy_rows(qs, sbase + Q_OFF + cp_dst, q, ab, q_off, qtile * BM, seqlen_q, h, cp_row,
                           cp_part, cp_swz, Q_PASSES, NSEG, TPL, RPP, BLK_Q, WG)
-            copy_rows(ks, sbase + K_OFF + cp_dst, k, ab, k_off, tile * BN, seqlen_k, hk, cp_row,
-                      cp_part, cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, WG)
-            if IV_SMEM:
-                copy_bounds(sbase + IV_OFF, mk_iv, tile * BN, seqlen_k, tid, THREADS,
-                            IV_PER_THREAD, BN)
-            cp_async_commit()
+            copy_k_stage(ks, sbase + K_OFF + cp_dst, k, ab, k_off, tile * BN, seqlen_k, hk, cp_row,
+                         cp_part, cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, WG, sbase + IV_OFF,
+                         mk_iv, tid, THREADS, IV_PER_THREAD, BN, IV_SMEM)
 
         while tile <= last:
             nxt = tile + 1
@@ -312,12 +310,9 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                 fence_proxy_async()
             cuda.syncthreads()  # V tile landed; every warp is done with K
             if nxt <= last:
-                copy_rows(ks, sbase + K_OFF + cp_dst, k, ab, k_off, nxt * BN, seqlen_k, hk, cp_row,
-                          cp_part, cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, WG)
-                if IV_SMEM:
-                    copy_bounds(sbase + IV_OFF, mk_iv, nxt * BN, seqlen_k, tid, THREADS,
-                                IV_PER_THREAD, BN)
-                cp_async_commit()
+                copy_k_stage(ks, sbase + K_OFF + cp_dst, k, ab, k_off, nxt * BN, seqlen_k, hk,
+                             cp_row, cp_part, cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, WG,
+                             sbase + IV_OFF, mk_iv, tid, THREADS, IV_PER_THREAD, BN, IV_SMEM)
 
             # O += P V: P (the S accumulator layout, packed to 16 bits) is the A operand.
             if WG:
@@ -329,6 +324,6 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         store_output(out, lse, acc, l_run, m_run, ab, q_off, h, wrow, g, t, seqlen_q, MT, OF, ND,
                      BF16, write_lse)
 
-    return jit_kernel(kernel, ("mma", D, BF16, has_left, has_right, has_sinks, has_softcap, write_lse,
-                         BN, KIND, VARLEN, ALIBI, MT, WG, SCORE_MOD),
-                cache=mask_mod is None and score_mod is None)
+    return jit_kernel(kernel, ("mma", D, BF16, has_left, has_right, has_sinks, has_softcap,
+                               write_lse, BN, KIND, VARLEN, ALIBI, MT, WG, SCORE_MOD),
+                      cache=mask_mod is None and score_mod is None)

@@ -16,14 +16,15 @@ import math
 import numpy as np
 from numba import cuda
 
-from ..primitives import (cp_async4_to, cp_async16, cp_async16_to, exp2, lds_i32x2, ldmatrix_x4,
-                          ldmatrix_x4_trans, mma16, pack16, shared_addr, shfl_xor, sw128_desc,
-                          wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
+from ..primitives import (cp_async4_to, cp_async16, cp_async16_to, cp_async_commit, exp2,
+                          lds_i32x2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shared_addr,
+                          shfl_xor, sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss,
+                          wgmma_wait)
 from .masking import BITMASK, INTERVALS, LN2, LOG2E, MASK_MOD
 
-__all__ = ["store_output", "load_q_fragments", "init_rows", "copy_rows", "qk_mma", "qk_wgmma",
-           "pv_mma", "pv_wgmma", "score_logits", "mask_tile", "update_row_max", "exp_and_pack",
-           "rescale_acc", "copy_bounds", "wgmma_tiles"]
+__all__ = ["store_output", "load_q_fragments", "init_rows", "copy_rows", "mma_pair", "qk_mma",
+           "qk_wgmma", "pv_mma", "pv_wgmma", "score_logits", "mask_tile", "update_row_max",
+           "exp_and_pack", "rescale_acc", "copy_bounds", "wgmma_tiles", "copy_k_stage"]
 
 NEG_INF = -math.inf
 
@@ -121,6 +122,23 @@ def copy_rows(dst, dst_addr, src, ab, off, row0, limit, hk, cp_row, cp_part, cp_
 
 
 @cuda.jit(device=True, inline=True)
+def mma_pair(c, o, a0, a1, a2, a3, b0, b1, b2, b3, bf16):
+    """Two mma.sync m16n8k16 products of one A fragment (``a0..a3``, uint32 16-bit pairs) with
+    two B fragments (``b0, b1`` and ``b2, b3``): 16 x 16 outputs accumulated in place into
+    ``c[o .. o + 7]`` (float32, two n-tiles of 4 accumulator registers each)."""
+    c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b0, b1, c[o], c[o + 1], c[o + 2], c[o + 3])
+    c[o] = c0
+    c[o + 1] = c1
+    c[o + 2] = c2
+    c[o + 3] = c3
+    c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b2, b3, c[o + 4], c[o + 5], c[o + 6], c[o + 7])
+    c[o + 4] = c0
+    c[o + 5] = c1
+    c[o + 6] = c2
+    c[o + 7] = c3
+
+
+@cuda.jit(device=True, inline=True)
 def qk_mma(s, qs, qf, ks, warp, v_row, v_col, swz, k_steps, ns, sf, s_n, wrows, m_tiles,
            q_smem, bf16):
     """S = Q K^T of one key tile on mma.sync m16n8k16 (fp32 accumulation), into ``s`` (float32
@@ -150,32 +168,10 @@ def qk_mma(s, qs, qf, ks, warp, v_row, v_col, swz, k_steps, ns, sf, s_n, wrows, 
             # k 8-15), (keys 8-15, k 8-15) -> b0, b2, b1, b3.
             b0, b2, b1, b3 = ldmatrix_x4(ks, jj * 16 + v_row, (kk * 8 + v_col) ^ swz)
             j = 8 * jj
-            c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b0, b1, s[j], s[j + 1], s[j + 2],
-                                   s[j + 3])
-            s[j] = c0
-            s[j + 1] = c1
-            s[j + 2] = c2
-            s[j + 3] = c3
-            c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b2, b3, s[j + 4], s[j + 5], s[j + 6],
-                                   s[j + 7])
-            s[j + 4] = c0
-            s[j + 5] = c1
-            s[j + 6] = c2
-            s[j + 7] = c3
+            mma_pair(s, j, a0, a1, a2, a3, b0, b1, b2, b3, bf16)
             if m_tiles > 1:
                 j += sf
-                c0, c1, c2, c3 = mma16(bf16, e0, e1, e2, e3, b0, b1, s[j], s[j + 1], s[j + 2],
-                                       s[j + 3])
-                s[j] = c0
-                s[j + 1] = c1
-                s[j + 2] = c2
-                s[j + 3] = c3
-                c0, c1, c2, c3 = mma16(bf16, e0, e1, e2, e3, b2, b3, s[j + 4], s[j + 5],
-                                       s[j + 6], s[j + 7])
-                s[j + 4] = c0
-                s[j + 5] = c1
-                s[j + 6] = c2
-                s[j + 7] = c3
+                mma_pair(s, j, e0, e1, e2, e3, b0, b1, b2, b3, bf16)
 
 
 @cuda.jit(device=True, inline=True)
@@ -219,32 +215,10 @@ def pv_mma(acc, pk, vs, v_row, v_col, swz, p_steps, nd, sf, of, m_tiles, bf16):
         for dd in range(nd // 2):
             b0, b1, b2, b3 = ldmatrix_x4_trans(vs, kb * 16 + v_row, (dd * 8 + v_col) ^ swz)
             o = 8 * dd
-            c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b0, b1, acc[o], acc[o + 1],
-                                   acc[o + 2], acc[o + 3])
-            acc[o] = c0
-            acc[o + 1] = c1
-            acc[o + 2] = c2
-            acc[o + 3] = c3
-            c0, c1, c2, c3 = mma16(bf16, a0, a1, a2, a3, b2, b3, acc[o + 4], acc[o + 5],
-                                   acc[o + 6], acc[o + 7])
-            acc[o + 4] = c0
-            acc[o + 5] = c1
-            acc[o + 6] = c2
-            acc[o + 7] = c3
+            mma_pair(acc, o, a0, a1, a2, a3, b0, b1, b2, b3, bf16)
             if m_tiles > 1:
                 o += of
-                c0, c1, c2, c3 = mma16(bf16, e0, e1, e2, e3, b0, b1, acc[o], acc[o + 1],
-                                       acc[o + 2], acc[o + 3])
-                acc[o] = c0
-                acc[o + 1] = c1
-                acc[o + 2] = c2
-                acc[o + 3] = c3
-                c0, c1, c2, c3 = mma16(bf16, e0, e1, e2, e3, b2, b3, acc[o + 4], acc[o + 5],
-                                       acc[o + 6], acc[o + 7])
-                acc[o + 4] = c0
-                acc[o + 5] = c1
-                acc[o + 6] = c2
-                acc[o + 7] = c3
+                mma_pair(acc, o, e0, e1, e2, e3, b0, b1, b2, b3, bf16)
 
 
 @cuda.jit(device=True, inline=True)
@@ -436,3 +410,17 @@ def wgmma_tiles(dyn, warp, cp_row, cp_part, q_off, k_off, v_off, blk_k):
     dv = sw128_desc(sbase + v_off, blk_k, 1024)
     return sbase, cp_dst, dq, dk, dv
 
+
+
+@cuda.jit(device=True, inline=True)
+def copy_k_stage(ks, k_addr, k, ab, k_off, key0, seqlen_k, hk, cp_row, cp_part, cp_swz, passes,
+                 nseg, tpl, rpp, blk, wg, iv_addr, mk_iv, tid, threads, iv_per_thread, bn,
+                 iv_smem):
+    """Start the cp.async group of key tile rows ``key0 ..``: the K tile (``copy_rows`` into
+    ``ks`` / to ``k_addr``) and, with ``iv_smem``, its interval bounds (``copy_bounds`` to
+    ``iv_addr``); commits the group (with any copies issued before it, e.g. the Q tile)."""
+    copy_rows(ks, k_addr, k, ab, k_off, key0, seqlen_k, hk, cp_row, cp_part, cp_swz, passes,
+              nseg, tpl, rpp, blk, wg)
+    if iv_smem:
+        copy_bounds(iv_addr, mk_iv, key0, seqlen_k, tid, threads, iv_per_thread, bn)
+    cp_async_commit()
