@@ -20,9 +20,10 @@ from numba.cuda import types
 from ..primitives import (SIMULATOR, cp_async_commit, cp_async_wait_all, fence_proxy_async,
                           lowest_bit)
 from .forward_geometry import MMA_THREADS, WG_THREADS, mma_q_in_smem, mma_swizzled
-from .forward_mma_tiles import (copy_k_stage, copy_rows, exp_and_pack, init_rows, load_q_fragments,
-                                mask_tile, pv_mma, pv_wgmma, qk_mma, qk_wgmma, rescale_acc,
-                                score_logits, store_output, update_row_max, wgmma_tiles)
+from .forward_mma_tiles import (copy_coords, copy_k_stage, copy_rows, exp_and_pack, init_rows,
+                                ldmatrix_lane, load_q_fragments, mask_tile, pv_mma, pv_wgmma,
+                                qk_mma, qk_wgmma, rescale_acc, score_logits, store_output,
+                                update_row_max, wgmma_tiles)
 from .jitcache import jit_kernel
 from .masking import (INTERVALS, LOG2E, NONE, chunk_classes, key_tiles, mask_mod_device,
                       score_mod_device)
@@ -171,14 +172,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
-        # ldmatrix row addresses: lanes 8m..8m+7 address matrix m.
-        v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
-        v_col = (lane >> 4) * 4
-        # Every ldmatrix row this lane addresses is = lane (mod 8): one swizzle term per thread.
-        swz = SWZ_MASK & ((lane & 7) << 2)
-        cp_row = tid // TPL                      # tile-copy coordinates (see TPL above)
-        cp_part = tid % TPL
-        cp_swz = SWZ_MASK & ((cp_row & 7) << 2)
+        v_row, v_col, swz = ldmatrix_lane(lane, SWZ_MASK)
+        cp_row, cp_part, cp_swz = copy_coords(tid, TPL, SWZ_MASK)
 
         if SIMULATOR:  # the simulator rejects an alignment argument
             ks = cuda.shared.array((KS_ROWS, KS_COLS), types.uint32)

@@ -22,9 +22,10 @@ from ..primitives import (cp_async4_to, cp_async16, cp_async16_to, cp_async_comm
                           wgmma_wait)
 from .masking import BITMASK, INTERVALS, LN2, LOG2E, MASK_MOD
 
-__all__ = ["store_output", "load_q_fragments", "init_rows", "copy_rows", "mma_pair", "qk_mma",
-           "qk_wgmma", "pv_mma", "pv_wgmma", "score_logits", "mask_tile", "update_row_max",
-           "exp_and_pack", "rescale_acc", "copy_bounds", "wgmma_tiles", "copy_k_stage"]
+__all__ = ["store_output", "ldmatrix_lane", "copy_coords", "load_q_fragments", "init_rows",
+           "copy_rows", "mma_pair", "qk_mma", "qk_wgmma", "pv_mma", "pv_wgmma", "score_logits",
+           "mask_tile", "update_row_max", "exp_and_pack", "rescale_acc", "copy_bounds",
+           "wgmma_tiles", "copy_k_stage"]
 
 NEG_INF = -math.inf
 
@@ -58,6 +59,28 @@ def store_output(out, lse, acc, l_run, m_run, ab, q_off, h, wrow, g, t, seqlen_q
                 if write_lse and t == 0:
                     lse[ab, h, q_off + row] = ((m_run[2 * mt + half] + math.log2(l)) * LN2
                                                if l != 0 else NEG_INF)
+
+
+@cuda.jit(device=True, inline=True)
+def ldmatrix_lane(lane, swz_mask):
+    """``(v_row, v_col, swz)``: the tile row and word column this lane addresses in an
+    ldmatrix.x4 (lanes 8m .. 8m + 7 address matrix m: rows 0-7 / 8-15, word columns 0 / 4),
+    and its swizzle term: every ldmatrix row this lane addresses is = lane (mod 8), so one
+    XOR ``swz_mask & ((lane & 7) << 2)`` per thread (``swz_mask`` 0 for padded rows)."""
+    v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
+    v_col = (lane >> 4) * 4
+    swz = swz_mask & ((lane & 7) << 2)
+    return v_row, v_col, swz
+
+
+@cuda.jit(device=True, inline=True)
+def copy_coords(tid, tpl, swz_mask):
+    """``(cp_row, cp_part, cp_swz)``: thread ``tid``'s tile-copy coordinates (``tpl`` threads per
+    row segment; see ``copy_rows``) and the swizzle term of its rows."""
+    cp_row = tid // tpl
+    cp_part = tid % tpl
+    cp_swz = swz_mask & ((cp_row & 7) << 2)
+    return cp_row, cp_part, cp_swz
 
 
 @cuda.jit(device=True, inline=True)
