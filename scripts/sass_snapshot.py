@@ -66,8 +66,9 @@ def build(dtype: str, head_dim: int, flags, extra: dict, wgmma: bool):
 
 
 def _strip(sass: str) -> str:
-    """The instructions alone (cuobjdump's header names the temporary file)."""
-    return "\n".join(line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line))
+    """The instructions alone (cuobjdump's header names the temporary file): every line with an
+    address, 4 hex digits or more (a kernel past 0xffff bytes has 5)."""
+    return "\n".join(line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line))
 
 
 def main():
