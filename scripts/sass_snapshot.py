@@ -71,39 +71,52 @@ def _strip(sass: str) -> str:
     return "\n".join(line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(description: str):
+    """The snapshot scripts' command line: an output folder, ``--compare``, ``--only``."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("out")
     ap.add_argument("--compare", default=None, help="a previous snapshot's folder")
     ap.add_argument("--only", default=None, help="substring of the configuration names to run")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+    return ap.parse_args()
+
+
+def snapshot(builds, out: str, compare=None, width: int = 34) -> int:
+    """Compile each ``(name, build)`` of ``builds`` (``build()`` -> py_func, signature, cc)
+    offline, write ``out/<name>.sass`` and ``out/summary.txt``, and with ``compare`` (a previous
+    snapshot's folder) print each kernel's verdict; the exit status: 1 if any kernel differs."""
+    os.makedirs(out, exist_ok=True)
     rows, differ = [], []
-    for name, dtype, d, flags, extra, wg in CONFIGS:
-        if args.only and args.only not in name:
-            continue
-        py_func, sig, cc = build(dtype, d, flags, extra, wg)
+    for name, build_one in builds:
+        py_func, sig, cc = build_one()
         r = kr.report(py_func, sig, cc=cc)
         sass = _strip(r["sass"])
-        with open(os.path.join(args.out, name + ".sass"), "w") as f:
+        with open(os.path.join(out, name + ".sass"), "w") as f:
             f.write(sass + "\n")
         verdict = ""
-        if args.compare:
-            old_path = os.path.join(args.compare, name + ".sass")
+        if compare:
+            old_path = os.path.join(compare, name + ".sass")
             old = open(old_path).read().rstrip("\n") if os.path.exists(old_path) else None
             verdict = "missing" if old is None else ("same" if old == sass else "DIFFERENT")
             if verdict != "same":
                 differ.append(name)
-        row = (f"{name:34} regs {r['regs']:3} spills {r['spill_stores']}/{r['spill_loads']} "
+        row = (f"{name:{width}} regs {r['regs']:3} spills {r['spill_stores']}/{r['spill_loads']} "
                f"instructions {sass.count(chr(10)) + 1:5} {verdict}")
         rows.append(row)
         print(row, flush=True)
-    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+    with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write("\n".join(rows) + "\n")
-    if args.compare:
+    if compare:
         print(f"{len(rows) - len(differ)} of {len(rows)} kernels have identical SASS"
               + (f"; different: {', '.join(differ)}" if differ else ""))
-        sys.exit(1 if differ else 0)
+    return 1 if differ else 0
+
+
+def main():
+    args = parse_args(__doc__.splitlines()[0])
+    builds = [(name, lambda c=(dtype, d, flags, extra, wg): build(*c))
+              for name, dtype, d, flags, extra, wg in CONFIGS
+              if not args.only or args.only in name]
+    sys.exit(snapshot(builds, args.out, args.compare))
 
 
 if __name__ == "__main__":

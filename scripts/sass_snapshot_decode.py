@@ -20,13 +20,11 @@ launch/decode.py's plans (C-contiguous caller arrays, one strided-cache variant)
 """
 from __future__ import annotations
 
-import argparse
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-import kernel_resources as kr  # noqa: E402  (sets NUMBA_ENABLE_CUDASIM=0)
+import sass_snapshot as ss  # noqa: E402  (sets NUMBA_ENABLE_CUDASIM=0; the run / compare loop)
 
 from numba.cuda import types  # noqa: E402
 
@@ -97,14 +95,6 @@ def fma_signature(layout: str = "C"):
                       *[types.int64] * 6)
 
 
-def _strip(sass: str) -> str:
-    """The instructions alone (cuobjdump's header names the temporary file). Unlike
-    sass_snapshot.py's, it keeps addresses past 0xffff (5 or more hex digits): the folded
-    kernels are longer than 64 KB of code."""
-    return "\n".join(line for line in sass.splitlines()
-                     if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line))
-
-
 def build(name: str):
     """(py_func, signature) of one configuration."""
     if name in MMA_CONFIGS:
@@ -117,38 +107,11 @@ def build(name: str):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out")
-    ap.add_argument("--compare", default=None, help="a previous snapshot's folder")
-    ap.add_argument("--only", default=None, help="substring of the configuration names to run")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    rows, differ = [], []
-    for name in list(MMA_CONFIGS) + list(FMA_CONFIGS):
-        if args.only and args.only not in name:
-            continue
-        py_func, sig = build(name)
-        r = kr.report(py_func, sig)
-        sass = _strip(r["sass"])
-        with open(os.path.join(args.out, name + ".sass"), "w") as f:
-            f.write(sass + "\n")
-        verdict = ""
-        if args.compare:
-            old_path = os.path.join(args.compare, name + ".sass")
-            old = open(old_path).read().rstrip("\n") if os.path.exists(old_path) else None
-            verdict = "missing" if old is None else ("same" if old == sass else "DIFFERENT")
-            if verdict != "same":
-                differ.append(name)
-        row = (f"{name:50} regs {r['regs']:3} spills {r['spill_stores']}/{r['spill_loads']} "
-               f"instructions {sass.count(chr(10)) + 1:5} {verdict}")
-        rows.append(row)
-        print(row, flush=True)
-    with open(os.path.join(args.out, "summary.txt"), "w") as f:
-        f.write("\n".join(rows) + "\n")
-    if args.compare:
-        print(f"{len(rows) - len(differ)} of {len(rows)} kernels have identical SASS"
-              + (f"; different: {', '.join(differ)}" if differ else ""))
-        sys.exit(1 if differ else 0)
+    args = ss.parse_args(__doc__.splitlines()[0])
+    builds = [(name, lambda n=name: build(n) + ((9, 0),))
+              for name in list(MMA_CONFIGS) + list(FMA_CONFIGS)
+              if not args.only or args.only in name]
+    sys.exit(ss.snapshot(builds, args.out, args.compare, width=50))
 
 
 if __name__ == "__main__":
