@@ -115,7 +115,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
     Raises
     ------
     TypeError, ValueError : bad arguments, naming the argument, what it got and what was expected.
-    NotImplementedError : GPU arrays (the CUDA backward kernels are not built yet), or score_mod.
+    NotImplementedError : score_mod; on GPU arrays, options the kernels do not take yet (the
+        message names it; CPU mode takes every option).
 
     Examples
     --------

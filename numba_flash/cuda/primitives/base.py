@@ -92,6 +92,44 @@ else:
         def _run(self):
             self.results = self.combine(self.slots)
 
+    def _install_thread_safe_shared_array():
+        """Numba's simulator gives every thread of a block the array that the block's first
+        ``cuda.shared.array`` call at a source line created, but checks and fills its table
+        without a lock: two threads arriving together can each make an array, and the thread
+        whose array lost then computes alone on a private copy (seen as a rare wrong result
+        under load; tests/test_simulator.py provokes it). This version holds a lock around the
+        check and the fill; it keys allocations by the caller's (file, line) as Numba does."""
+        import sys
+
+        import numpy as np
+        from numba.cuda import types
+        from numba.cuda.np import numpy_support
+        from numba.cuda.simulator import kernelapi
+
+        cls = kernelapi.FakeCUDAShared
+        if getattr(cls.array, "thread_safe", False):
+            return
+        unsafe_array = cls.array
+        lock = threading.Lock()
+
+        def array(self, shape, dtype, alignment=None):
+            if alignment is not None or shape == 0:    # Numba's error / dynamic shared memory
+                return unsafe_array(self, shape, dtype, alignment)
+            frame = sys._getframe(1)
+            key = (frame.f_code.co_filename, frame.f_lineno)
+            with lock:
+                res = self._allocations.get(key)
+                if res is None:
+                    if isinstance(dtype, types.Type):
+                        dtype = numpy_support.as_dtype(dtype)
+                    res = self._allocations[key] = np.empty(shape, dtype)
+            return res
+
+        array.thread_safe = True
+        cls.array = array
+
+    _install_thread_safe_shared_array()
+
     def collective(value, combine):
         """Post ``value`` for this simulated lane; ``combine(values_by_lane)`` returns 32 results."""
         thread = threading.current_thread()

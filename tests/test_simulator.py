@@ -1,0 +1,57 @@
+"""Numba's CUDA simulator as the kernels' test bed: the fixes numba_flash installs in it."""
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import SIMULATOR
+
+pytestmark = pytest.mark.skipif(not SIMULATOR, reason="Numba's CUDA simulator only")
+
+
+def _threads_meeting_at_one_shared_array(shared, lanes=32):
+    """The arrays that ``lanes`` threads, released together, get from one
+    ``cuda.shared.array`` line of the simulator's block-wide allocator ``shared``."""
+    got = [None] * lanes
+    start = threading.Barrier(lanes)
+
+    def lane(i):
+        start.wait()
+        got[i] = shared.array(16, np.float32)     # one source line, as in a kernel
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(lanes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
+def test_every_thread_of_a_block_gets_the_same_shared_array():
+    # Numba's allocator checks and fills its table without a lock; under frequent thread
+    # switches its unpatched version hands two arrays out in ~8 % of such meetings (a thread
+    # then computes alone, a rare wrong kernel result in CI). numba_flash installs a locked one.
+    import numba_flash.cuda.primitives  # noqa: F401  (installs the fix)
+    from numba.cuda.simulator import kernelapi
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        distinct = [len({id(a) for a in _threads_meeting_at_one_shared_array(
+            kernelapi.FakeCUDAShared(0))}) for _ in range(50)]
+    finally:
+        sys.setswitchinterval(interval)
+    assert max(distinct) == 1, distinct
+
+
+def test_shared_arrays_on_different_lines_stay_apart():
+    import numba_flash.cuda.primitives  # noqa: F401
+    from numba.cuda.simulator import kernelapi
+
+    shared = kernelapi.FakeCUDAShared(0)
+    a = shared.array((2, 3), np.float32)
+    b = shared.array((2, 3), np.float32)
+    assert a is not b and a.shape == (2, 3) and a.dtype == np.float32
+    with pytest.raises(RuntimeError, match="alignment"):
+        shared.array(4, np.float32, alignment=16)
