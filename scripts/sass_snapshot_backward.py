@@ -4,8 +4,8 @@ for the forward): ``--compare`` proves that an edit leaves these kernels' machin
     python scripts/sass_snapshot_backward.py DIR [--compare OLD] [--only SUBSTRING]
 
 Covers the four main kernels of kernels/backward.py: the 16-bit dK / dV kernel (with atomic dQ
-or not, flags, softcap, interval masks), the 16-bit deterministic dQ kernel, and the float32 /
-float64 dK / dV and dQ kernels.
+or not, flags, softcap, interval and bitmask masks, ALiBi), the 16-bit deterministic dQ kernel, and the
+float32 / float64 dK / dV and dQ kernels.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import sass_snapshot as ss  # noqa: E402
 from numba.cuda import types  # noqa: E402
 
 from numba_flash.cuda.kernels import backward as bw  # noqa: E402
-from numba_flash.cuda.kernels.masking import INTERVALS, NONE  # noqa: E402
+from numba_flash.cuda.kernels.masking import BITMASK, INTERVALS, NONE  # noqa: E402
 
 # flags: (has_left, has_right, has_sinks, has_softcap)
 _FLAGS = {"plain": (False, False, False, False), "causal": (False, True, False, False),
@@ -42,6 +42,17 @@ for _dt, _d in (("float32", 64), ("float64", 128)):
                                                              "window_sinks_softcap", True, NONE)
     CONFIGS[f"fma_dkdv_{_dt}_d{_d}_intervals_det"] = ("dkdv", _dt, _d, "plain", False, INTERVALS)
     CONFIGS[f"fma_dq_{_dt}_d{_d}_causal_intervals"] = ("dq", _dt, _d, "causal", False, INTERVALS)
+# Bitmask and ALiBi (a mask_mod kernel calls a user's device function, which Numba compiles
+# only with a CUDA driver present: the simulator tests cover it)
+_ALIBI = {"has_alibi": True}
+
+CONFIGS["mma_dkdv_bfloat16_d128_bitmask"] = ("dkdv", "bfloat16", 128, "plain", True, BITMASK)
+CONFIGS["mma_dkdv_float16_d128_causal_alibi"] = ("dkdv", "float16", 128, "causal", True, NONE,
+                                                 _ALIBI)
+CONFIGS["mma_dq_float16_d128_bitmask_alibi"] = ("dq", "float16", 128, "plain", False, BITMASK,
+                                                _ALIBI)
+CONFIGS["fma_dkdv_float32_d64_bitmask_alibi"] = ("dkdv", "float32", 64, "plain", True, BITMASK,
+                                                 _ALIBI)
 
 
 def _signature(py_func, half: bool, atomic: bool, f64: bool):
@@ -56,17 +67,17 @@ def _signature(py_func, half: bool, atomic: bool, f64: bool):
 
 def build(name: str):
     """(py_func, signature, cc) of one configuration."""
-    kernel, dtype, d, flag, atomic, kind = CONFIGS[name]
-    flags = _FLAGS[flag]
+    kernel, dtype, d, flag, atomic, kind, *extra = CONFIGS[name]
+    flags, extra = _FLAGS[flag], dict(*extra)
     half = dtype in ("float16", "bfloat16")
     if half and kernel == "dkdv":
-        kern = bw.make_mma_dkdv_kernel(d, dtype == "bfloat16", *flags, atomic, kind)
+        kern = bw.make_mma_dkdv_kernel(d, dtype == "bfloat16", *flags, atomic, kind, **extra)
     elif half:
-        kern = bw.make_mma_dq_kernel(d, dtype == "bfloat16", *flags, kind)
+        kern = bw.make_mma_dq_kernel(d, dtype == "bfloat16", *flags, kind, **extra)
     elif kernel == "dkdv":
-        kern = bw.make_fma_dkdv_kernel(d, dtype == "float64", *flags, atomic, kind)
+        kern = bw.make_fma_dkdv_kernel(d, dtype == "float64", *flags, atomic, kind, **extra)
     else:
-        kern = bw.make_fma_dq_kernel(d, dtype == "float64", *flags, kind)
+        kern = bw.make_fma_dq_kernel(d, dtype == "float64", *flags, kind, **extra)
     is_dkdv = kernel == "dkdv"
     return kern.py_func, _signature(kern.py_func, half, is_dkdv, dtype == "float64"), (9, 0)
 

@@ -14,6 +14,7 @@ import pytest
 
 from numba_flash.cuda.launch.backward import backward_kernels as backward_cuda
 from numba_flash.cuda.primitives import SIMULATOR
+from numba_flash import masks
 from numba_flash_reference import masks as M
 from numba_flash_reference.masks import visible_matrix
 
@@ -27,9 +28,10 @@ RTOL = {"float32": 1e-5, "float64": 1e-10}
 LSE_DTYPE = {"float64": np.float64}
 
 
-def dense_grads(q, k, v, dout, scale, visible, softcap=None, rnd=lambda x: x):
+def dense_grads(q, k, v, dout, scale, visible, softcap=None, rnd=lambda x: x, bias=None):
     """out, lse, dq, dk, dv of dense attention in float64; ``rnd`` rounds each intermediate
-    (scores, P, dP, dS, outputs) to a working precision for the naive same-dtype error."""
+    (scores, P, dP, dS, outputs) to a working precision for the naive same-dtype error;
+    ``bias``: added to the scores after the softcap (ALiBi), broadcast to (B, H, Sq, Sk)."""
     q, k, v, dout = (x.astype(np.float64) for x in (q, k, v, dout))
     ratio = q.shape[2] // k.shape[2]
     kk, vv = np.repeat(k, ratio, axis=2), np.repeat(v, ratio, axis=2)
@@ -37,6 +39,8 @@ def dense_grads(q, k, v, dout, scale, visible, softcap=None, rnd=lambda x: x):
     t = np.tanh(s / softcap) if softcap else None
     if softcap:
         s = rnd(softcap * t)
+    if bias is not None:
+        s = rnd(s + bias)
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
@@ -61,23 +65,32 @@ def _random(rng, shape, dtype_name):
     return rng.standard_normal(shape).astype(DTYPES[dtype_name])
 
 
+def alibi_bias(slopes, b, hq, sq, sk):
+    """The ALiBi scores' bias -slope * |i + Sk - Sq - j|, (B, Hq, Sq, Sk) float64, of float32
+    slopes (Hq,) or (B, Hq)."""
+    dist = np.abs(np.arange(sq)[:, None] + (sk - sq) - np.arange(sk)[None, :])
+    per_head = np.broadcast_to(slopes.astype(np.float64), (b, hq))
+    return -per_head[:, :, None, None] * dist
+
+
 def run_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal=False, window=(-1, -1), sinks=0,
-             softcap=None, mask=None, deterministic=False, tiles=None):
+             softcap=None, mask=None, deterministic=False, tiles=None, alibi=None):
     """Run backward_cuda on random inputs (NaN-poisoned preallocated outputs) and check the
-    error rule; returns the host gradients."""
+    error rule; returns the host gradients. ``alibi``: float32 slopes (Hq,) or (B, Hq)."""
     dt = DTYPES[dtype_name]
     q, dout = _random(rng, (b, sq, hq, d), dtype_name), _random(rng, (b, sq, hq, d), dtype_name)
     k, v = _random(rng, (b, sk, hkv, d), dtype_name), _random(rng, (b, sk, hkv, d), dtype_name)
     scale = d ** -0.5
     vis = visible_matrix(sq, sk, causal=causal, window_size=window, sinks=sinks, mask=mask)
-    out, lse, *ref = dense_grads(q, k, v, dout, scale, vis, softcap)
+    bias = None if alibi is None else alibi_bias(alibi, b, hq, sq, sk)
+    out, lse, *ref = dense_grads(q, k, v, dout, scale, vis, softcap, bias=bias)
     outs = [to_device(np.full(x.shape, np.nan, dt)) for x in (q, k, v)]
     lse = lse.astype(LSE_DTYPE.get(dtype_name, np.float32))
     got = backward_cuda(*(to_device(x) for x in (dout, q, k, v, out.astype(dt), lse)),
                         softmax_scale=scale, causal=causal,
                         window_size=window, sinks=sinks, softcap=softcap, mask=mask,
                         deterministic=deterministic, dq=outs[0], dk=outs[1], dv=outs[2],
-                        tiles=tiles)
+                        tiles=tiles, alibi_slopes=None if alibi is None else to_device(alibi))
     got = [to_host(x).astype(np.float64) for x in got]
     if dtype_name in RTOL:
         for name, g, r in zip("qkv", got, ref):
@@ -86,7 +99,7 @@ def run_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal=False, window=(-1, -
     else:
         work = np.float32
         rnd = lambda x: x.astype(dt).astype(work).astype(np.float64)  # noqa: E731
-        naive = dense_grads(q, k, v, dout, scale, vis, softcap, rnd)[2:]
+        naive = dense_grads(q, k, v, dout, scale, vis, softcap, rnd, bias)[2:]
         for name, g, r, n in zip("qkv", got, ref, naive):
             err, naive_err = np.abs(g - r).max(), np.abs(n - r).max()
             assert err <= 2 * naive_err + ATOL[dtype_name], (f"d{name}", err, naive_err)
@@ -153,6 +166,52 @@ def test_intervals_mask(case):
              tiles=tiles)
 
 
+def _every_third_causal(b, h, q_idx, kv_idx):
+    """A mask_mod (one function object: its kernels compile once per session)."""
+    return kv_idx <= q_idx and (q_idx - kv_idx) % 3 != 1
+
+
+# (dtype, tiles, deterministic, mask factory of n, n): masks without column intervals: a
+# draft tree in BFS order and a random matrix (packed bitmask), a mask_mod (compiled in).
+OTHER_MASK_CASES = [
+    ("float32", FMA_TILES, False, lambda n: masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9), 41),
+    ("float16", MMA_TILES, True, lambda n: masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9), 41),
+    ("bfloat16", WIDE_TILES, False,
+     lambda n: masks.from_dense(np.random.default_rng(n).random((n, n)) < 0.6), 70),
+    ("float64", FMA_TILES, True, lambda n: masks.mask_mod(_every_third_causal), 40),
+    ("float16", MMA_TILES, False, lambda n: masks.mask_mod(_every_third_causal), 33),
+]
+
+
+@pytest.mark.parametrize("case", OTHER_MASK_CASES,
+                         ids=lambda c: f"{c[0]}-{c[3](c[4]).__class__.__name__}-det{c[2]}")
+def test_bitmask_and_mask_mod(case):
+    """Class tables built for the backward's tiles; per-element bits or the user's function in
+    partial tiles (each case reaches skipped, full and partial tiles)."""
+    dtype_name, tiles, det, make, n = case
+    run_case(np.random.default_rng(8), dtype_name, 1, n, n, 2, 1, 16, mask=make(n),
+             deterministic=det, tiles=tiles)
+
+
+# (dtype, tiles, deterministic, slopes shape, flags)
+ALIBI_CASES = [
+    ("float32", FMA_TILES, True, (2,), dict(causal=True)),
+    ("float16", MMA_TILES, False, (2,), dict(window=(9, 4))),
+    ("bfloat16", WIDE_TILES, True, (2, 2), dict(causal=True, softcap=4.0)),
+]
+
+
+@pytest.mark.parametrize("case", ALIBI_CASES, ids=lambda c: f"{c[0]}-{c[3]}-det{c[2]}")
+def test_alibi(case):
+    """Scores less slope * distance when P is recomputed; per-head (Hq,) and per-batch (B, Hq)
+    slopes."""
+    dtype_name, tiles, det, shape, flags = case
+    rng = np.random.default_rng(9)
+    slopes = rng.uniform(0.05, 0.5, shape).astype(np.float32)
+    run_case(rng, dtype_name, 2, 37, 45, 2, 1, 16, deterministic=det, tiles=tiles, alibi=slopes,
+             **flags)
+
+
 @pytest.mark.parametrize("dtype_name,tiles", [("float32", FMA_TILES), ("float16", MMA_TILES)])
 def test_deterministic_bitwise(dtype_name, tiles):
     kw = dict(window=(6, -1), sinks=2, deterministic=True, tiles=tiles)
@@ -176,7 +235,8 @@ def test_gpu_sweep(dtype_name, d, causal, window, sinks, softcap, det):
 @pytest.mark.skipif(not SIMULATOR, reason="NumPy arrays reach the kernels only in the simulator")
 def test_public_door_runs_the_kernels():
     """numba_flash.attention_backward(backend='cuda') reaches the kernels (simulator: NumPy
-    arrays) and agrees with CPU mode; options the kernels lack raise NotImplementedError."""
+    arrays) and agrees with CPU mode (ALiBi and a bitmask mask too); a packed batch, which the
+    kernels lack, raises NotImplementedError."""
     import numba_flash
 
     rng = np.random.default_rng(5)
@@ -187,6 +247,15 @@ def test_public_door_runs_the_kernels():
     exact = numba_flash.attention_backward(dout, q, k, v, out, lse, causal=True, backend="cpu")
     for a, b in zip(kernel, exact):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        numba_flash.attention_backward(dout, q, k, v, out, lse, causal=True, backend="cuda",
-                                       alibi_slopes=np.ones(2, np.float32))
+    kw = dict(alibi_slopes=np.array([0.3, 0.1], np.float32),
+              mask=numba_flash.masks.tree([-1, 0, 0, 1], 19))
+    out, lse = numba_flash.attention(q, k, v, return_lse=True, **kw)
+    kernel = numba_flash.attention_backward(dout, q, k, v, out, lse, backend="cuda", **kw)
+    exact = numba_flash.attention_backward(dout, q, k, v, out, lse, backend="cpu", **kw)
+    for a, b in zip(kernel, exact):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
+    cu = np.array([0, 17], np.int32)
+    with pytest.raises(NotImplementedError, match="cu_seqlens"):
+        numba_flash.attention_backward(dout[0], q[0], k[0, :17], v[0, :17], out[0],
+                                       lse[0], backend="cuda", cu_seqlens_q=cu,
+                                       cu_seqlens_k=cu, max_seqlen_q=17, max_seqlen_k=17)

@@ -27,7 +27,10 @@ Masks: the forward's flags (window left / right, causal = right 0, bottom-right 
 sinks with a left bound, softcap) and FlashMask column intervals (``masking.INTERVALS``: the
 per-key-tile min/max vectors classify each (query tile, key tile) as skipped, fully visible or
 partial; per-element tests only in partial tiles, with the key column's 4 bounds loaded once
-per block into registers). Bitmask and mask_mod objects are not implemented here.
+per block into registers); bitmask and mask_mod objects (``BITMASK`` / ``MASK_MOD``: a class
+table built for the kernel's tiles, per-element tests from the bitmask words or the user's
+compiled function). ALiBi (``has_alibi``): scores less slope * |q_pos - k_pos| when P is
+recomputed; the gradient formulas are unchanged (the bias is constant in q.k).
 
 Every kernel body is a short sequence of the ``@cuda.jit(device=True, inline=True)`` tile
 helpers below; compile-time choices enter as closure constants.
@@ -44,8 +47,9 @@ from ..primitives import (cp_async16, cp_async16_at, cp_async_commit, cp_async_w
                           ldmatrix_x4_a32, ldmatrix_x4_trans_a32, mma16, pack16, red_add2,
                           shared_view, shfl_xor, unpack16)
 from .jitcache import jit_kernel
-from .masking import INTERVALS, NONE, key_tiles
-from .tile_classes import FULL, SKIP, interval_class
+from .masking import (BITMASK, INTERVALS, MASK_MOD, NONE, bit_visible, key_tiles,
+                      mask_mod_device, tile_class)
+from .tile_classes import FULL, SKIP
 
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_fma_dkdv_kernel",
            "make_fma_dq_kernel", "make_mma_dkdv_kernel", "make_mma_dq_kernel", "fma_layout",
@@ -92,9 +96,11 @@ def tile_full(r0, r1, k0, k1, seqlen_q, seqlen_k, offset, has_left, has_right, h
 
 @cuda.jit(device=True, inline=True)
 def pair_visible(row, kpos, seqlen_q, seqlen_k, offset, has_left, has_right, has_sinks, wl, wr,
-                 sinks, kind, lts, lte, uts, ute):
-    """Is (query row, key) visible: in range, through the flags and (``kind`` INTERVALS) outside
-    the key column's masked rows [lts, lte) and [uts, ute)."""
+                 sinks, kind, lts, lte, uts, ute, b, h, bits, mod):
+    """Is (query row, key) visible: in range, through the flags and the mask object of
+    ``kind``: INTERVALS, outside the key column's masked rows [lts, lte) and [uts, ute);
+    BITMASK, its bit in ``bits`` (uint32 (Sq, ceil(Sk / 32))); MASK_MOD, the user's
+    ``mod(b, h, q_idx, kv_idx)`` (both asked only for pairs in range)."""
     qpos = row + offset
     win = True
     if has_left:
@@ -105,7 +111,12 @@ def pair_visible(row, kpos, seqlen_q, seqlen_k, offset, has_left, has_right, has
         win = win or (kpos < sinks and kpos <= qpos)
     if kind == INTERVALS:
         win = win and (row < lts or row >= lte) and (row < uts or row >= ute)
-    return win and row < seqlen_q and kpos < seqlen_k
+    vis = win and row < seqlen_q and kpos < seqlen_k
+    if kind == BITMASK:
+        vis = vis and bit_visible(bits, row, kpos)
+    elif kind == MASK_MOD:
+        vis = vis and mod(b, h, qpos, kpos)
+    return vis
 
 
 @cuda.jit(device=True, inline=True)
@@ -119,13 +130,15 @@ def column_bounds(kind, iv, kpos, seqlen_k):
 
 
 @cuda.jit(device=True, inline=True)
-def tile_kind(kind, mm, ktile, r0, bm, k0, bn, seqlen_q, seqlen_k, has_left, has_right,
-              has_sinks, wl, wr, sinks):
-    """(skip, full) of rows [r0, r0 + bm) x keys [k0, k0 + bn) (key tile ``ktile`` of the
-    min/max vectors ``mm``): the mask object's class intersected with the flags' fullness."""
+def tile_kind(kind, mm, tab, tb, qtile, ktile, r0, bm, k0, bn, seqlen_q, seqlen_k, has_left,
+              has_right, has_sinks, wl, wr, sinks):
+    """(skip, full) of rows [r0, r0 + bm) x keys [k0, k0 + bn) (query tile ``qtile``, key tile
+    ``ktile``): the mask object's class (``masking.tile_class``: the min/max vectors ``mm`` of
+    intervals, or the class table ``tab[tb]`` built for these tiles) intersected with the
+    flags' fullness."""
     cls = FULL
-    if kind == INTERVALS:
-        cls = interval_class(mm, ktile, r0, min(r0 + bm, seqlen_q))
+    if kind != NONE:
+        cls = tile_class(kind, mm, tab, tb, qtile, ktile, r0, min(r0 + bm, seqlen_q))
     full = tile_full(r0, r0 + bm, k0, k0 + bn, seqlen_q, seqlen_k, seqlen_k - seqlen_q,
                      has_left, has_right, has_sinks, wl, wr, sinks)
     return cls == SKIP, full and cls == FULL
@@ -201,16 +214,20 @@ def axpy(acc, a, tile, r, c0, n):
 
 
 @cuda.jit(device=True, inline=True)
-def grad_scores(qk, dp, lse_r, delta_r, scale, cap_in, cap_out, has_softcap, base2):
+def grad_scores(qk, dp, lse_r, delta_r, scale, cap_in, cap_out, has_softcap, base2, has_alibi,
+                bias):
     """(p, ds) of one pair from its q.k and dO.v: ``s = scale q.k`` (softcap:
-    ``cap_out tanh(cap_in q.k)``), ``p = exp(s - lse)``, ``ds = p (dp - delta)``, times
-    ``1 - tanh^2`` under softcap. ``base2``: s and lse are in base 2 (exp2)."""
+    ``cap_out tanh(cap_in q.k)``), minus the ALiBi ``bias`` (``has_alibi``: slope times the
+    distance, in s's base), ``p = exp(s - lse)``, ``ds = p (dp - delta)``, times ``1 - tanh^2``
+    under softcap (the bias is constant in q.k). ``base2``: s and lse are in base 2 (exp2)."""
     t = cap_in * qk
     if has_softcap:
         t = math.tanh(t)
         s = cap_out * t
     else:
         s = scale * qk
+    if has_alibi:
+        s -= bias
     # s <= lse for every visible pair (p <= 1); the clamp only bounds pairs the caller masks
     # afterwards, whose exp could overflow (NaN still passes: min keeps a NaN first operand).
     x = min(s - lse_r, scale - scale)  # zero in the working float type (scale * 0 would be
@@ -334,17 +351,22 @@ def fma_layout(head_dim: int, itemsize: int):
 def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
                          has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                          mask_kind: int = NONE, lanes: int = 0, block_n: int = 0,
-                         block_m: int = 0):
+                         block_m: int = 0, mask_mod=None, has_alibi: bool = False):
     """Column-parallel dK / dV (and with ``atomic_dq`` dQ) kernel, float32 or float64.
 
     Kernel ``(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
-    heads_ratio, scale, cap_in, cap, window_left, window_right, sinks, mk_iv, mk_mm)``:
+    heads_ratio, scale, cap_in, cap, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab,
+    mk_bits, alibi)``:
     q, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv, D) in the working dtype; lse, delta (B, Hq, Sq)
     (natural log; float32 lse is fine for float64); dq_acc (B, Sq, Hq, D) working dtype, zeroed,
     atomically accumulated (unused without ``atomic_dq``); dk_acc, dv_acc (B, Sk, Hq, D) written
     (the outputs themselves when Hq == Hkv); mk_iv int32 (4, Sk) intervals, mk_mm int32
-    (8, ceil(Sk / block_n)) their min/max (``tiles.tile_minmax`` with ``block_n``). Scalars:
-    scale, cap_in = scale / softcap, cap = softcap in the working dtype.
+    (8, ceil(Sk / block_n)) their min/max (``tiles.tile_minmax`` with ``block_n``); mk_tab
+    int8 (1 or B * Hq, ceil(Sq / block_m), ceil(Sk / block_n)) the class table and mk_bits
+    uint32 (Sq, ceil(Sk / 32)) the words of a bitmask (``mask_kind`` BITMASK; the table also
+    for MASK_MOD, whose function ``mask_mod`` is compiled in); alibi float32 (1 or B, Hq)
+    slopes (``has_alibi``). Scalars: scale, cap_in = scale / softcap, cap = softcap in the
+    working dtype.
 
     Geometry (``fma_layout``; overridable for tests): ``lanes`` consecutive lanes share a key,
     each holding head_dim / lanes elements of k, v, dk, dv in registers; ``block_n`` keys per
@@ -359,11 +381,13 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
     assert D % TP == 0 and 32 % TP == 0 and NT % 32 == 0, (D, TP, BN)
     dt = types.float64 if is_f64 else types.float32
     npdt = np.float64 if is_f64 else np.float32
-    KIND, ATOMIC = int(mask_kind), bool(atomic_dq)
+    KIND, ATOMIC, ALIBI = int(mask_kind), bool(atomic_dq), bool(has_alibi)
     flags = (has_left, has_right, has_sinks)
+    mod = mask_mod_device(mask_mod)
 
     def kernel(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
-               heads_ratio, scale, cap_in, cap, wl, wr, sinks, mk_iv, mk_mm):
+               heads_ratio, scale, cap_in, cap, wl, wr, sinks, mk_iv, mk_mm, mk_tab, mk_bits,
+               alibi):
         ktile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
         h = cuda.blockIdx.y % q.shape[2]
@@ -373,6 +397,10 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
         k0 = ktile * BN
         key = k0 + tid // TP
         offset = seqlen_k - seqlen_q
+        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        slope = npdt(0.0)
+        if ALIBI:
+            slope = npdt(alibi[min(b, alibi.shape[0] - 1), h])
         qs = cuda.shared.array((BM, D), dt)
         dos = cuda.shared.array((BM, D), dt)
         ls = cuda.shared.array(BM, dt)
@@ -391,8 +419,8 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
                             has_sinks, wl, wr, sinks)
         for qt in range(lo // BM, (hi + BM - 1) // BM if hi > lo else 0):
             r0 = qt * BM
-            skip, full = tile_kind(KIND, mk_mm, ktile, r0, BM, k0, BN, seqlen_q, seqlen_k,
-                                   has_left, has_right, has_sinks, wl, wr, sinks)
+            skip, full = tile_kind(KIND, mk_mm, mk_tab, tb, qt, ktile, r0, BM, k0, BN, seqlen_q,
+                                   seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
             if skip:
                 continue
             cuda.syncthreads()      # every thread is done with the previous tile
@@ -401,10 +429,11 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
             for r in range(BM):
                 p, ds = grad_scores(dot_share(kr, qs, r, c0, E, TP),
                                     dot_share(vr, dos, r, c0, E, TP), ls[r], dls[r], scale,
-                                    cap_in, cap, has_softcap, False)
+                                    cap_in, cap, has_softcap, False, ALIBI,
+                                    slope * npdt(abs(r0 + r + offset - key)))
                 if not full and not pair_visible(r0 + r, key, seqlen_q, seqlen_k, offset,
                                                  has_left, has_right, has_sinks, wl, wr, sinks,
-                                                 KIND, lts, lte, uts, ute):
+                                                 KIND, lts, lte, uts, ute, b, h, mk_bits, mod):
                     p = npdt(0.0)
                     ds = npdt(0.0)
                 axpy(dv, p, dos, r, c0, E)
@@ -418,17 +447,19 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
         store_share(dv_acc, b, key, h, c0, dv, npdt(1.0), E, key < seqlen_k)
 
     return jit_kernel(kernel, ("bwd_fma_dkdv", D, bool(is_f64), *flags, has_softcap, ATOMIC,
-                               KIND, TP, BN, BM))
+                               KIND, TP, BN, BM, ALIBI), cache=mask_mod is None)
 
 
 def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
                        has_sinks: bool, has_softcap: bool, mask_kind: int = NONE,
-                       lanes: int = 0, block_m: int = 0, block_n: int = 0):
+                       lanes: int = 0, block_m: int = 0, block_n: int = 0, mask_mod=None,
+                       has_alibi: bool = False):
     """Row-parallel dQ kernel (deterministic mode), float32 or float64.
 
     Kernel ``(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap,
-    window_left, window_right, sinks, mk_iv, mk_mm)``: arrays as in ``make_fma_dkdv_kernel``,
-    dq (B, Sq, Hq, D) written; mk_mm the min/max of key tiles of ``block_n`` keys.
+    window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, alibi)``: arrays as in
+    ``make_fma_dkdv_kernel``, dq (B, Sq, Hq, D) written; mk_mm and mk_tab for tiles of
+    ``block_m`` rows and ``block_n`` keys.
 
     Geometry: the dual of the dK / dV kernel: ``lanes`` lanes share a query row (q, dO, dq in
     registers), ``block_m`` rows per block (``lanes * block_m`` threads), key tiles of
@@ -441,11 +472,13 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
     NT, E = TP * BM, D // TP
     assert D % TP == 0 and 32 % TP == 0 and NT % 32 == 0, (D, TP, BM)
     dt = types.float64 if is_f64 else types.float32
-    KIND = int(mask_kind)
+    npdt = np.float64 if is_f64 else np.float32
+    KIND, ALIBI = int(mask_kind), bool(has_alibi)
     flags = (has_left, has_right, has_sinks)
+    mod = mask_mod_device(mask_mod)
 
     def kernel(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, heads_ratio, scale, cap_in,
-               cap, wl, wr, sinks, mk_iv, mk_mm):
+               cap, wl, wr, sinks, mk_iv, mk_mm, mk_tab, mk_bits, alibi):
         qtile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
         h = cuda.blockIdx.y % q.shape[2]
@@ -457,6 +490,10 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
         row = r0 + tid // TP
         ok = row < seqlen_q
         offset = seqlen_k - seqlen_q
+        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        slope = npdt(0.0)
+        if ALIBI:
+            slope = npdt(alibi[min(b, alibi.shape[0] - 1), h])
         ks = cuda.shared.array((BN, D), dt)
         vs = cuda.shared.array((BN, D), dt)
         qr = cuda.local.array(E, dt)
@@ -472,8 +509,9 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
             sinks)
         while tile <= last:
             k0 = tile * BN
-            skip, full = tile_kind(KIND, mk_mm, tile, r0, BM, k0, BN, seqlen_q, seqlen_k,
-                                   has_left, has_right, has_sinks, wl, wr, sinks)
+            skip, full = tile_kind(KIND, mk_mm, mk_tab, tb, qtile, tile, r0, BM, k0, BN,
+                                   seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
+                                   sinks)
             if not skip:
                 cuda.syncthreads()
                 load_tile(ks, k, b, k0, hk, seqlen_k, tid, NT)
@@ -483,10 +521,11 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
                     lts, lte, uts, ute = column_bounds(KIND, mk_iv, k0 + c, seqlen_k)
                     p, ds = grad_scores(dot_share(qr, ks, c, c0, E, TP),
                                         dot_share(dor, vs, c, c0, E, TP), lse_r, delta_r, scale,
-                                        cap_in, cap, has_softcap, False)
+                                        cap_in, cap, has_softcap, False, ALIBI,
+                                        slope * npdt(abs(row + offset - k0 - c)))
                     if full or pair_visible(row, k0 + c, seqlen_q, seqlen_k, offset, has_left,
                                             has_right, has_sinks, wl, wr, sinks, KIND, lts, lte,
-                                            uts, ute):
+                                            uts, ute, b, h, mk_bits, mod):
                         axpy(dq_r, ds, ks, c, c0, E)
             tile += 1
             if has_sinks and tile >= sink_tiles and tile < tile_lo:
@@ -494,7 +533,7 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
         store_share(dq, b, row, h, c0, dq_r, scale, E, ok)
 
     return jit_kernel(kernel, ("bwd_fma_dq", D, bool(is_f64), *flags, has_softcap, KIND, TP,
-                               BM, BN))
+                               BM, BN, ALIBI), cache=mask_mod is None)
 
 
 # ----------------------------------------------------------------------------- tensor-core path
@@ -599,13 +638,18 @@ def transposed_fragments(pk, ts, row_word, ksteps, lane):
 
 @cuda.jit(device=True, inline=True)
 def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, dls, lbuf,
-                scale_log2, cap_in, cap_log2, has_softcap, is_bf16, full, seqlen_q, seqlen_k,
-                has_left, has_right, has_sinks, wl, wr, sinks, kind, mk_iv):
+                scale_log2, cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left,
+                has_right, has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2):
     """P and dS of a warp's score fragments ``st`` (S, or S^T when ``transposed``) and ``dpt``
     (dP or dP^T), packed to 16-bit A fragments ``pkp`` / ``pkd``. Fragment rows are the warp's
     own 16 (from ``own0`` in the tile), columns the streamed tile's; query row r0 + i has its
     base-2 lse and its delta at ``ls[lbuf, i]`` / ``dls[lbuf, i]`` (shared; lbuf: the buffer
-    and row offset as one flat index base, see ``row_stats``). Masked pairs give 0."""
+    and row offset as one flat index base, see ``row_stats``). Masked pairs give 0; ``where``:
+    the block's (seqlen_q, seqlen_k, window_left, window_right, sinks, b, h) (one argument: a
+    call of more than 30 arguments is compiled as ``f(*args)``, which Numba cannot inline), the
+    mask arguments as in ``pair_visible``; ``has_alibi``: scores less ``slope_log2`` times the
+    distance."""
+    seqlen_q, seqlen_k, wl, wr, sinks, b, h = where
     g = lane >> 2
     t = lane & 3
     offset = seqlen_k - seqlen_q
@@ -619,12 +663,13 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
                 key = k0 + (own if transposed else col)
                 p, ds = grad_scores(st[4 * j + e + c], dpt[4 * j + e + c], ls[lbuf + lrow],
                                     dls[lbuf + lrow], scale_log2, cap_in, cap_log2, has_softcap,
-                                    True)
+                                    True, has_alibi,
+                                    slope_log2 * np.float32(abs(row + offset - key)))
                 if not full:
                     lts, lte, uts, ute = column_bounds(kind, mk_iv, key, seqlen_k)
                     if not pair_visible(row, key, seqlen_q, seqlen_k, offset, has_left,
                                         has_right, has_sinks, wl, wr, sinks, kind, lts, lte,
-                                        uts, ute):
+                                        uts, ute, b, h, mk_bits, mod):
                         p = np.float32(0.0)
                         ds = np.float32(0.0)
                 st[4 * j + e + c] = p
@@ -693,13 +738,13 @@ def prefetch_stats(ls, dls, buf, lse2, delta, b, h, r0, tid):
 
 
 @cuda.jit(device=True, inline=True)
-def next_query_tile(t, end, kind, mm, ktile, bm, k0, bn, seqlen_q, seqlen_k, has_left,
+def next_query_tile(t, end, kind, mm, tab, tb, ktile, bm, k0, bn, seqlen_q, seqlen_k, has_left,
                     has_right, has_sinks, wl, wr, sinks):
     """The first query tile of [t, end) that the mask does not skip for key tile ``ktile``
     (``end`` if none)."""
     while t < end:
-        skip, _ = tile_kind(kind, mm, ktile, t * bm, bm, k0, bn, seqlen_q, seqlen_k, has_left,
-                            has_right, has_sinks, wl, wr, sinks)
+        skip, _ = tile_kind(kind, mm, tab, tb, t, ktile, t * bm, bm, k0, bn, seqlen_q, seqlen_k,
+                            has_left, has_right, has_sinks, wl, wr, sinks)
         if not skip:
             break
         t += 1
@@ -725,17 +770,18 @@ def dq_from_shared(dq_acc, dqa, pka, is_bf16, dst, ks, b, h, r0, seqlen_q, scale
 def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                          has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                          mask_kind: int = NONE, warps: int = 0, block_n: int = 0,
-                         block_m: int = 0):
+                         block_m: int = 0, mask_mod=None, has_alibi: bool = False):
     """Column-parallel dK / dV (and with ``atomic_dq`` dQ) kernel on tensor cores, float16 /
     bfloat16 with fp32 accumulation.
 
     Kernel ``(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
     heads_ratio, scale, scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv,
-    mk_mm)``: q, dout uint32 (B, Sq, Hq, D / 2), k, v uint32 (B, Sk, Hkv, D / 2) (two 16-bit
+    mk_mm, mk_tab, mk_bits, alibi)``: q, dout uint32 (B, Sq, Hq, D / 2), k, v uint32 (B, Sk, Hkv, D / 2) (two 16-bit
     values per word, rows 16-byte aligned); lse2, delta float32 (B, Hq, SqP) from the
     preprocess kernel (base-2 lse, padded rows); dq_acc float32 (B, Sq, Hq, D) zeroed,
     atomically accumulated; dk_acc, dv_acc float32 (B, Sk, Hq, D) per-query-head partials,
-    written; masks as in ``make_fma_dkdv_kernel`` (min/max of ``block_n``-key tiles). Scalars
+    written; masks and ALiBi as in ``make_fma_dkdv_kernel`` (min/max and class table of these
+    tiles). Scalars
     float32: scale, scale * log2 e, scale / softcap, softcap * log2 e.
 
     Geometry (``mma_layout``): warp w owns keys 16 w .. 16 w + 15 of the ``block_n = 16 warps``
@@ -766,10 +812,13 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     # runtime integer on a GPU).
     ACC_N, DQ_N, PA_N = D // 2, DC // 2, BN // 4
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
+    ALIBI = bool(has_alibi)
+    mod = mask_mod_device(mask_mod)
     u32, f32 = types.uint32, types.float32
 
     def kernel(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
-               heads_ratio, scale, scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm):
+               heads_ratio, scale, scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm,
+               mk_tab, mk_bits, alibi):
         ktile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
         h = cuda.blockIdx.y % q.shape[2]
@@ -778,6 +827,11 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         warp = tid >> 5
         lane = tid & 31
         k0 = ktile * BN
+        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        slope_log2 = np.float32(0.0)
+        if ALIBI:
+            slope_log2 = np.float32(alibi[min(b, alibi.shape[0] - 1), h]) * np.float32(LOG2E)
+        where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         dyn = cuda.shared.array(0, u32)
         dynf = cuda.shared.array(0, f32)
         ks = shared_view(dyn, K_OFF, BN, DWP)
@@ -800,8 +854,8 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         lo, hi = query_rows(k0, min(k0 + BN, seqlen_k), seqlen_q, seqlen_k - seqlen_q,
                             has_left, has_right, has_sinks, wl, wr, sinks)
         end = (hi + BM - 1) // BM if hi > lo else 0
-        t = next_query_tile(lo // BM, end, KIND, mk_mm, ktile, BM, k0, BN, seqlen_q, seqlen_k,
-                            has_left, has_right, has_sinks, wl, wr, sinks)
+        t = next_query_tile(lo // BM, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN, seqlen_q,
+                            seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
         prefetch_rows(ks, 0, k, b, k0, hk, seqlen_k, BN, CH, tid, NT)
         prefetch_rows(vs, 0, v, b, k0, hk, seqlen_k, BN, CH, tid, NT)
         if t < end:
@@ -811,8 +865,9 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         cp_async_commit()
         cur = 0
         while t < end:
-            nxt = next_query_tile(t + 1, end, KIND, mk_mm, ktile, BM, k0, BN, seqlen_q,
-                                  seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
+            nxt = next_query_tile(t + 1, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN,
+                                  seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
+                                  sinks)
             cp_async_wait_all()
             cuda.syncthreads()      # tile t has landed; every warp is done with buffer 1 - cur
             if nxt < end:
@@ -823,16 +878,16 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
                 prefetch_stats(ls, dls, 1 - cur, lse2, delta, b, h, nxt * BM, tid)
             cp_async_commit()
             r0 = t * BM
-            _, full = tile_kind(KIND, mk_mm, ktile, r0, BM, k0, BN, seqlen_q, seqlen_k,
-                                has_left, has_right, has_sinks, wl, wr, sinks)
+            _, full = tile_kind(KIND, mk_mm, mk_tab, tb, t, ktile, r0, BM, k0, BN, seqlen_q,
+                                seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
             for sl in range(MQ):
                 row = cur * BM + 16 * sl              # the slice's first row in the buffers
                 mma_abt(st, BF16, ks, 16 * warp, qs, row, 1, KS, lane)      # S^T = K Q^T
                 mma_abt(dpt, BF16, vs, 16 * warp, dos, row, 1, KS, lane)    # dP^T = V dO^T
                 probs_grads(st, dpt, pkp, pkd, 2, lane, True, 16 * warp, r0 + 16 * sl, k0,
                             ls[cur], dls[cur], 16 * sl, scale_log2, cap_in, cap_log2,
-                            has_softcap, BF16, full, seqlen_q, seqlen_k, has_left, has_right,
-                            has_sinks, wl, wr, sinks, KIND, mk_iv)
+                            has_softcap, BF16, full, where, has_left, has_right, has_sinks, KIND,
+                            mk_iv, mk_bits, mod, ALIBI, slope_log2)
                 mma_pb(dv, BF16, pkp, dos, row, 1, NPD, 0, lane)            # dV += P^T dO
                 mma_pb(dk, BF16, pkd, qs, row, 1, NPD, 0, lane)             # dK += dS^T Q
                 if ATOMIC:
@@ -849,18 +904,20 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
                         lane, False)
 
     return jit_kernel(kernel, ("bwd_mma_dkdv", D, BF16, has_left, has_right, has_sinks,
-                               has_softcap, ATOMIC, KIND, WARPS, BM))
+                               has_softcap, ATOMIC, KIND, WARPS, BM, ALIBI),
+                      cache=mask_mod is None)
 
 
 def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                        has_sinks: bool, has_softcap: bool, mask_kind: int = NONE,
-                       warps: int = 0, block_m: int = 0, block_n: int = 0):
+                       warps: int = 0, block_m: int = 0, block_n: int = 0, mask_mod=None,
+                       has_alibi: bool = False):
     """Row-parallel dQ kernel on tensor cores (deterministic mode), float16 / bfloat16.
 
     Kernel ``(q, k, v, dout, lse2, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
-    scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv, mk_mm)``: arrays as
-    in ``make_mma_dkdv_kernel``; dq_acc float32 (B, Sq, Hq, D) written; mk_mm the min/max of
-    ``block_n``-key tiles.
+    scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits,
+    alibi)``: arrays as in ``make_mma_dkdv_kernel``; dq_acc float32 (B, Sq, Hq, D) written;
+    mk_mm and mk_tab for tiles of ``block_m`` rows and ``block_n`` keys.
 
     Geometry (``mma_dq_layout``): the dual of the dK / dV kernel: warp w owns query rows 16 w .. 16 w + 15 of the
     ``block_m = 16 warps`` row tile (Q, dO, lse, delta in shared memory, dQ in registers), key
@@ -875,11 +932,12 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
     NT, DWP, KS, NPK, NPD = 32 * WARPS, _padded(D // 2), D // 16, BN // 16, D // 16
     assert D % 16 == 0 and BN % 16 == 0, (D, BN)
     S_N, PK_N, ACC_N = BN // 2, BN // 4, D // 2
-    BF16, KIND = bool(is_bf16), int(mask_kind)
+    BF16, KIND, ALIBI = bool(is_bf16), int(mask_kind), bool(has_alibi)
+    mod = mask_mod_device(mask_mod)
     u32, f32 = types.uint32, types.float32
 
     def kernel(q, k, v, dout, lse2, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
-               scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm):
+               scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm, mk_tab, mk_bits, alibi):
         qtile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
         h = cuda.blockIdx.y % q.shape[2]
@@ -890,6 +948,11 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
         r0 = qtile * BM
         r1 = min(r0 + BM, seqlen_q)
         offset = seqlen_k - seqlen_q
+        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        slope_log2 = np.float32(0.0)
+        if ALIBI:
+            slope_log2 = np.float32(alibi[min(b, alibi.shape[0] - 1), h]) * np.float32(LOG2E)
+        where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         qs = cuda.shared.array((BM, DWP), u32)
         dos = cuda.shared.array((BM, DWP), u32)
         ks = cuda.shared.array((BN, DWP), u32)
@@ -908,8 +971,9 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
             sinks)
         while tile <= last:
             k0 = tile * BN
-            skip, full = tile_kind(KIND, mk_mm, tile, r0, BM, k0, BN, seqlen_q, seqlen_k,
-                                   has_left, has_right, has_sinks, wl, wr, sinks)
+            skip, full = tile_kind(KIND, mk_mm, mk_tab, tb, qtile, tile, r0, BM, k0, BN,
+                                   seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
+                                   sinks)
             if not skip:
                 cuda.syncthreads()      # every warp is done with the previous K, V tiles
                 load_tile(ks, k, b, k0, hk, seqlen_k, tid, NT)
@@ -918,8 +982,8 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
                 mma_abt(s, BF16, qs, 16 * warp, ks, 0, NPK, KS, lane)      # S = Q K^T
                 mma_abt(dp, BF16, dos, 16 * warp, vs, 0, NPK, KS, lane)    # dP = dO V^T
                 probs_grads(s, dp, pkp, pkd, 2 * NPK, lane, False, 16 * warp, r0, k0, ls, dls, 0,
-                            scale_log2, cap_in, cap_log2, has_softcap, BF16, full, seqlen_q,
-                            seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks, KIND, mk_iv)
+                            scale_log2, cap_in, cap_log2, has_softcap, BF16, full, where, has_left,
+                            has_right, has_sinks, KIND, mk_iv, mk_bits, mod, ALIBI, slope_log2)
                 mma_pb(dq, BF16, pkd, ks, 0, NPK, NPD, 0, lane)            # dQ += dS K
             tile += 1
             if has_sinks and tile >= sink_tiles and tile < tile_lo:
@@ -927,4 +991,4 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
         store_fragments(dq_acc, b, r0 + 16 * warp, h, dq, scale, seqlen_q, 0, D // 8, lane, False)
 
     return jit_kernel(kernel, ("bwd_mma_dq", D, BF16, has_left, has_right, has_sinks,
-                               has_softcap, KIND, WARPS, BN))
+                               has_softcap, KIND, WARPS, BN, ALIBI), cache=mask_mod is None)

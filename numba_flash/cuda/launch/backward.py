@@ -22,18 +22,14 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from numba_flash_reference.intervals import NotRepresentableError
-
 from ..kernels import backward as bw
-from ..kernels.masking import INTERVALS, NONE
-from ..kernels.tile_classes import tile_minmax
 from ..primitives import SIMULATOR
 from .arrays import (array_kind, dtype_name as array_dtype, empty_like_kind, fixed_param, interface,
                      kernel_array)
 from .attention import window_flags
 from .driver import (LaunchPlan, ScalarParam, compile_kernel, current_device,
                      raise_dynamic_smem_limit)
-from .maskplan import dummy_arrays
+from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
 
 __all__ = ["backward_cuda", "backward_kernels", "backward_geometry"]
@@ -84,22 +80,24 @@ def _empty(kind, shape, dtype, stream):
     return cuda.device_array(shape, dtype=dtype, stream=stream)
 
 
-def _device(x):
-    return x if SIMULATOR else cuda.to_device(np.ascontiguousarray(x))
+def _mask_args(plan):
+    """The kernels' mask arguments (intervals, min/max, class table, bitmask words) of a
+    maskplan.MaskPlan."""
+    return plan.iv, plan.mm, plan.table, plan.bits
 
 
-def _mask_arrays(mask, seqlen_q, seqlen_k, block_ns, stream):
-    """(kind, iv, [min/max per key-tile size in block_ns]) of a column-interval mask."""
-    d = dummy_arrays()
-    if mask is None:
-        return NONE, d.iv, [d.mm for _ in block_ns]
-    iv = _device(mask.column_intervals(seqlen_q, seqlen_k).stacked().astype(np.int32))
-    return INTERVALS, iv, [tile_minmax(iv, seqlen_q, bn, stream) for bn in block_ns]
+def _alibi_arg(alibi_slopes):
+    """ALiBi slopes as the kernels read them, float32 (1 or B, Hq) (a (Hq,) vector gets a
+    leading axis), or the placeholder."""
+    if alibi_slopes is None:
+        return dummy_arrays().alibi
+    kind = array_kind(alibi_slopes)
+    return kernel_array(alibi_slopes, kind, False, lead=len(alibi_slopes.shape) == 1)
 
 
 def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(-1, -1),
-                  sinks=0, softcap=None, deterministic=False, mask=None, stream=None, dq=None,
-                  dk=None, dv=None, tiles=None):
+                  sinks=0, softcap=None, deterministic=False, mask=None, alibi_slopes=None,
+                  stream=None, dq=None, dk=None, dv=None, tiles=None):
     """Gradients (dq, dk, dv) of FlashAttention from the forward's out and lse.
 
     q, out, dout: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); one dtype among float16, bfloat16
@@ -107,8 +105,9 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
     contiguous, a multiple of 16. lse: (B, Hq, Sq), natural log, -inf for rows that see no key
     (the forward's): float32, or float64 for float64 inputs (a float32 lse limits float64
     gradients to ~1e-7 relative; the forward's FMA kernel writes a float64 lse array as is).
-    Flags as in ``attention_cuda``; ``mask``: a mask object with
-    column intervals (FlashMask), or None. ``deterministic``: dQ by a row-parallel kernel
+    Flags as in ``attention_cuda``; ``mask``: a mask object (any kind but a packed batch's, as
+    in the forward: column intervals, bitmask, mask_mod) or None; ``alibi_slopes``: float32
+    (Hq,) or (B, Hq) on the device, or None. ``deterministic``: dQ by a row-parallel kernel
     instead of atomics, so results are bitwise reproducible. dq, dk, dv: optional preallocated
     outputs (same shapes / dtypes as q, k, v). ``tiles``: a geometry override (tests; see
     ``backward_geometry``). Launches on ``stream`` (or the caller's current one) and returns
@@ -147,8 +146,17 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
 
     geo = backward_geometry(dtype_name, head_dim, tiles)
     bn, bm, threads = geo["block_n"], geo["block_m"], geo["threads"]
-    mask_kind, iv, (mm_kv, mm_q) = _mask_arrays(mask, seqlen_q, seqlen_k,
-                                                (bn, geo["dq_block_n"]), launch_stream)
+    # Mask inputs for each kernel's tiles (kept on the mask object: repeated calls upload
+    # nothing); the kind and mask_mod are the same for both.
+    plan_kv, plan_q = (plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, rows, keys, False,
+                                 launch_stream)
+                       for rows, keys in ((bm, bn), (geo["dq_block_m"], geo["dq_block_n"])))
+    mask_kind, mask_mod = plan_kv.kind, plan_kv.mask_mod
+    has_alibi = alibi_slopes is not None
+    alibi = _alibi_arg(alibi_slopes)
+    mask_kv, mask_q = _mask_args(plan_kv) + (alibi,), _mask_args(plan_q) + (alibi,)
+    options = dict(mask_mod=mask_mod, has_alibi=has_alibi)
+    opt_key = (mask_mod, has_alibi)
     # Each array by its own kind: a bfloat16 caller may hold torch tensors and a CuPy lse.
     wrap = lambda x: kernel_array(x, array_kind(x), half)           # noqa: E731
     if half:
@@ -181,31 +189,34 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
         fdt = np.float32
         scalars = (fdt(scale), fdt(scale * bw.LOG2E), fdt(scale / cap), fdt(cap * bw.LOG2E))
         key = (head_dim, _HALF[dtype_name]) + flags + (mask_kind, geo["warps"], bn)
-        dkdv = _cached(("mma_dkdv", not deterministic) + key + (bm,),
-                       lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic, *key[6:], bm))
+        dkdv = _cached(("mma_dkdv", not deterministic) + key + (bm,) + opt_key,
+                       lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic, *key[6:], bm,
+                                                       **options))
         _launch_dynamic(dkdv, (n_k, batch * heads_q), threads, geo["smem"], stream, kind, q,
                         launch_stream, (kq, kk, kv, kdo, lse2, delta, dq_acc, dk_acc, dv_acc,
-                                        *common, *scalars, *windows, iv, mm_kv))
+                                        *common, *scalars, *windows, *mask_kv))
         if deterministic:
             dq_key = key[:-2] + (geo["dq_warps"], geo["dq_block_m"], geo["dq_block_n"])
-            dqk = _cached(("mma_dq",) + dq_key, lambda: bw.make_mma_dq_kernel(*dq_key))
+            dqk = _cached(("mma_dq",) + dq_key + opt_key,
+                          lambda: bw.make_mma_dq_kernel(*dq_key, **options))
             dqk[(n_q, batch * heads_q), 32 * geo["dq_warps"], launch_stream](
-                kq, kk, kv, kdo, lse2, delta, dq_acc, *common, *scalars, *windows, iv, mm_q)
+                kq, kk, kv, kdo, lse2, delta, dq_acc, *common, *scalars, *windows, *mask_q)
     else:
         fdt = acc_dt
         scalars = (fdt(scale), fdt(scale / cap), fdt(cap))
         key = (head_dim, is_f64) + flags
         geo_args = (mask_kind, geo["lanes"], bn, bm)
-        dkdv = _cached(("fma_dkdv", not deterministic) + key + geo_args,
-                       lambda: bw.make_fma_dkdv_kernel(*key, not deterministic, *geo_args))
+        dkdv = _cached(("fma_dkdv", not deterministic) + key + geo_args + opt_key,
+                       lambda: bw.make_fma_dkdv_kernel(*key, not deterministic, *geo_args,
+                                                       **options))
         dkdv[(n_k, batch * heads_q), threads, launch_stream](
             kq, kk, kv, kdo, klse, delta, dq_acc, dk_acc, dv_acc, *common, *scalars, *windows,
-            iv, mm_kv)
+            *mask_kv)
         if deterministic:
-            dqk = _cached(("fma_dq",) + key + geo_args,
-                          lambda: bw.make_fma_dq_kernel(*key, *geo_args))
+            dqk = _cached(("fma_dq",) + key + geo_args + opt_key,
+                          lambda: bw.make_fma_dq_kernel(*key, *geo_args, **options))
             dqk[(n_q, batch * heads_q), threads, launch_stream](
-                kq, kk, kv, kdo, klse, delta, dq_acc, *common, *scalars, *windows, iv, mm_q)
+                kq, kk, kv, kdo, klse, delta, dq_acc, *common, *scalars, *windows, *mask_q)
 
     reduce = _cached(("reduce", half, _HALF.get(dtype_name, False)),
                      lambda: bw.make_reduce_kernel(half, _HALF.get(dtype_name, False)))
@@ -260,22 +271,14 @@ def _launch_dynamic(kern, grid, threads, smem, stream, kind, like, launch_stream
 
 def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic=False, stream=None):
     """numba_flash.attention_backward on GPU arrays: ``problem`` is the validated call
-    (validation.Problem). The kernels take the flags (causal, window, sinks, softcap), GQA and
-    FlashMask column-interval masks; ALiBi, packed batches (cu_seqlens) and masks without
-    column intervals (bitmask, mask_mod) raise NotImplementedError naming the option."""
-    for name, value in (("alibi_slopes", problem.alibi_slopes), ("cu_seqlens", problem.varlen)):
-        if value is not None:
-            raise NotImplementedError(f"attention_backward on the GPU does not support {name} "
-                                      f"yet; NumPy arrays run it in CPU mode")
-    mask = problem.mask
-    if mask is not None:
-        try:
-            mask.column_intervals(problem.seqlen_q, problem.seqlen_k)
-        except NotRepresentableError as exc:
-            raise NotImplementedError(f"attention_backward on the GPU takes masks with column "
-                                      f"intervals only, got {mask!r} ({exc}); NumPy arrays run "
-                                      f"it in CPU mode") from exc
+    (validation.Problem). The kernels take the flags (causal, window, sinks, softcap), GQA,
+    ALiBi and every mask object (column intervals, bitmask, mask_mod); packed batches
+    (cu_seqlens) raise NotImplementedError."""
+    if problem.varlen is not None:
+        raise NotImplementedError("attention_backward on the GPU does not support cu_seqlens "
+                                  "yet; NumPy arrays run it in CPU mode")
     return backward_kernels(dout, q, k, v, out, lse, softmax_scale=problem.softmax_scale,
                             causal=problem.causal, window_size=problem.window_size,
                             sinks=problem.sinks, softcap=problem.softcap,
-                            deterministic=deterministic, mask=mask, stream=stream)
+                            deterministic=deterministic, mask=problem.mask,
+                            alibi_slopes=problem.alibi_slopes, stream=stream)
