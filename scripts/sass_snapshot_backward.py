@@ -4,7 +4,7 @@ for the forward): ``--compare`` proves that an edit leaves these kernels' machin
     python scripts/sass_snapshot_backward.py DIR [--compare OLD] [--only SUBSTRING]
 
 Covers the four main kernels of kernels/backward.py: the 16-bit dK / dV kernel (with atomic dQ
-or not, flags, softcap, interval and bitmask masks, ALiBi), the 16-bit deterministic dQ kernel, and the
+or not, flags, softcap, interval and bitmask masks, ALiBi, varlen), the 16-bit deterministic dQ kernel, and the
 float32 / float64 dK / dV and dQ kernels.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ for _dt, _d in (("float32", 64), ("float64", 128)):
                                                              "window_sinks_softcap", True, NONE)
     CONFIGS[f"fma_dkdv_{_dt}_d{_d}_intervals_det"] = ("dkdv", _dt, _d, "plain", False, INTERVALS)
     CONFIGS[f"fma_dq_{_dt}_d{_d}_causal_intervals"] = ("dq", _dt, _d, "causal", False, INTERVALS)
-# Bitmask and ALiBi (a mask_mod kernel calls a user's device function, which Numba compiles
+# Bitmask, ALiBi, packed batches (a mask_mod kernel calls a user's device function, which Numba compiles
 # only with a CUDA driver present: the simulator tests cover it)
 _ALIBI = {"has_alibi": True}
 
@@ -51,17 +51,24 @@ CONFIGS["mma_dkdv_float16_d128_causal_alibi"] = ("dkdv", "float16", 128, "causal
                                                  _ALIBI)
 CONFIGS["mma_dq_float16_d128_bitmask_alibi"] = ("dq", "float16", 128, "plain", False, BITMASK,
                                                 _ALIBI)
+_VARLEN = {"varlen": True}
+CONFIGS["mma_dkdv_float16_d128_causal_varlen"] = ("dkdv", "float16", 128, "causal", True, NONE,
+                                                  _VARLEN)
+CONFIGS["mma_dq_bfloat16_d64_varlen"] = ("dq", "bfloat16", 64, "plain", False, NONE, _VARLEN)
+CONFIGS["fma_dkdv_float32_d64_varlen"] = ("dkdv", "float32", 64, "causal", True, NONE, _VARLEN)
+CONFIGS["fma_dq_float64_d128_varlen"] = ("dq", "float64", 128, "plain", False, NONE, _VARLEN)
 CONFIGS["fma_dkdv_float32_d64_bitmask_alibi"] = ("dkdv", "float32", 64, "plain", True, BITMASK,
                                                  _ALIBI)
 
 
 def _signature(py_func, half: bool, atomic: bool, f64: bool):
-    """kernel_resources.backward_signature, plus the mask table, bitmask words and ALiBi
-    slopes where the kernel takes them (after the interval arrays)."""
+    """kernel_resources.backward_signature, plus the mask table, bitmask words, ALiBi slopes and
+    cu_seqlens where the kernel takes them (after the interval arrays)."""
     sig = kr.backward_signature(half, atomic, f64)
     extra = len(inspect.signature(py_func).parameters) - len(sig.args)
     more = [types.Array(types.int8, 3, "C"), types.Array(types.uint32, 2, "C"),
-            types.Array(types.float32, 2, "C")][:extra]
+            types.Array(types.float32, 2, "C"), types.Array(types.int32, 1, "C"),
+            types.Array(types.int32, 1, "C")][:extra]
     return types.void(*sig.args, *more)
 
 

@@ -212,6 +212,76 @@ def test_alibi(case):
              **flags)
 
 
+def _check_rule(dtype_name, got, ref, naive):
+    """The error rule of the module docstring on lists of (dq, dk, dv)."""
+    for name, g, r, n in zip("qkv", got, ref, naive):
+        if dtype_name in RTOL:
+            err = np.abs(g - r).max()
+            assert err <= RTOL[dtype_name] * max(1.0, np.abs(r).max()), (f"d{name}", err)
+        else:
+            err, naive_err = np.abs(g - r).max(), np.abs(n - r).max()
+            assert err <= 2 * naive_err + ATOL[dtype_name], (f"d{name}", err, naive_err)
+
+
+def run_varlen_case(rng, dtype_name, lens_q, lens_k, hq, hkv, d, causal=False, window=(-1, -1),
+                    mask=None, deterministic=False, tiles=None):
+    """A packed batch (sequences of lens_q / lens_k rows) against per-sequence dense gradients
+    (NaN-poisoned preallocated outputs)."""
+    from numba_flash.varlen import Varlen
+
+    dt = DTYPES[dtype_name]
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lens_q, lens_k))
+    q, dout = (_random(rng, (cu_q[-1], hq, d), dtype_name) for _ in range(2))
+    k, v = (_random(rng, (cu_k[-1], hkv, d), dtype_name) for _ in range(2))
+    scale = d ** -0.5
+    work = np.float32 if dtype_name in ATOL else np.float64
+    rnd = lambda x: x.astype(dt).astype(work).astype(np.float64)  # noqa: E731
+    out = np.zeros(q.shape)
+    lse = np.full((hq, cu_q[-1]), -np.inf)
+    ref = [np.zeros(x.shape) for x in (q, k, v)]
+    naive = [np.zeros(x.shape) for x in (q, k, v)]
+    for s in range(len(lens_q)):
+        rq, rk = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
+        if lens_q[s] == 0 or lens_k[s] == 0:
+            continue
+        vis = visible_matrix(lens_q[s], lens_k[s], causal=causal, window_size=window, mask=mask)
+        parts = [x[None, r] for x, r in ((q, rq), (k, rk), (v, rk), (dout, rq))]
+        o, l, *grads = dense_grads(*parts, scale, vis)
+        out[rq], lse[:, rq] = o[0], l[0]
+        for acc, g, r in zip(ref, grads, (rq, rk, rk)):
+            acc[r] = g[0]
+        for acc, g, r in zip(naive, dense_grads(*parts, scale, vis, rnd=rnd)[2:], (rq, rk, rk)):
+            acc[r] = g[0]
+    packed = Varlen(len(lens_q), to_device(cu_q), to_device(cu_k), max(lens_q), max(lens_k),
+                    None, None)
+    outs = [to_device(np.full(x.shape, np.nan, dt)) for x in (q, k, v)]
+    got = backward_cuda(*(to_device(x) for x in (dout, q, k, v, out.astype(dt))),
+                        to_device(lse.astype(LSE_DTYPE.get(dtype_name, np.float32))),
+                        softmax_scale=scale, causal=causal, window_size=window, mask=mask,
+                        varlen=packed, deterministic=deterministic, dq=outs[0], dk=outs[1],
+                        dv=outs[2], tiles=tiles)
+    _check_rule(dtype_name, [to_host(x).astype(np.float64) for x in got], ref, naive)
+
+
+# (dtype, tiles, deterministic, flags): sequences of 17 / 21, 0 / 3 (keys nobody sees: dK = dV
+# = 0), 9 / 9 and 23 / 19 (rows that see no key under causal) query / key rows.
+VARLEN_CASES = [
+    ("float32", FMA_TILES, False, dict(causal=True)),
+    ("float64", FMA_TILES, True, dict(window=(5, 2))),
+    ("float16", MMA_TILES, True, dict(causal=True)),
+    ("bfloat16", WIDE_TILES, False, dict(mask=masks.mask_mod(_every_third_causal))),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{c[0]}-det{c[2]}")
+def test_varlen(case):
+    """Packed batches: each block finds its sequence in cu_seqlens; rows outside every
+    sequence's reach get zero gradients."""
+    dtype_name, tiles, det, flags = case
+    run_varlen_case(np.random.default_rng(10), dtype_name, [17, 0, 9, 23], [21, 3, 9, 19], 2, 1,
+                    16, deterministic=det, tiles=tiles, **flags)
+
+
 @pytest.mark.parametrize("dtype_name,tiles", [("float32", FMA_TILES), ("float16", MMA_TILES)])
 def test_deterministic_bitwise(dtype_name, tiles):
     kw = dict(window=(6, -1), sinks=2, deterministic=True, tiles=tiles)
@@ -235,8 +305,8 @@ def test_gpu_sweep(dtype_name, d, causal, window, sinks, softcap, det):
 @pytest.mark.skipif(not SIMULATOR, reason="NumPy arrays reach the kernels only in the simulator")
 def test_public_door_runs_the_kernels():
     """numba_flash.attention_backward(backend='cuda') reaches the kernels (simulator: NumPy
-    arrays) and agrees with CPU mode (ALiBi and a bitmask mask too); a packed batch, which the
-    kernels lack, raises NotImplementedError."""
+    arrays) and agrees with CPU mode (also with ALiBi and a bitmask mask, and on a packed
+    batch)."""
     import numba_flash
 
     rng = np.random.default_rng(5)
@@ -254,8 +324,13 @@ def test_public_door_runs_the_kernels():
     exact = numba_flash.attention_backward(dout, q, k, v, out, lse, backend="cpu", **kw)
     for a, b in zip(kernel, exact):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
-    cu = np.array([0, 17], np.int32)
-    with pytest.raises(NotImplementedError, match="cu_seqlens"):
-        numba_flash.attention_backward(dout[0], q[0], k[0, :17], v[0, :17], out[0],
-                                       lse[0], backend="cuda", cu_seqlens_q=cu,
-                                       cu_seqlens_k=cu, max_seqlen_q=17, max_seqlen_k=17)
+    cu_q, cu_k = np.array([0, 7, 17], np.int32), np.array([0, 10, 23], np.int32)
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=10, max_seqlen_k=13,
+              causal=True)
+    out, lse = numba_flash.attention(q[0], k[0], v[0], return_lse=True, **kw)
+    kernel = numba_flash.attention_backward(dout[0], q[0], k[0], v[0], out, lse, backend="cuda",
+                                            **kw)
+    exact = numba_flash.attention_backward(dout[0], q[0], k[0], v[0], out, lse, backend="cpu",
+                                           **kw)
+    for a, b in zip(kernel, exact):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())

@@ -49,6 +49,7 @@ from ..primitives import (cp_async16, cp_async16_at, cp_async_commit, cp_async_w
 from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, MASK_MOD, NONE, bit_visible, key_tiles,
                       mask_mod_device, tile_class)
+from .sequences import packed_sequence
 from .tile_classes import FULL, SKIP
 
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_fma_dkdv_kernel",
@@ -145,6 +146,20 @@ def tile_kind(kind, mm, tab, tb, qtile, ktile, r0, bm, k0, bn, seqlen_q, seqlen_
 
 
 @cuda.jit(device=True, inline=True)
+def block_sequence(varlen, cu_q, cu_k, b, total_q, total_k, seqlen_q, seqlen_k):
+    """``(ab, q_off, k_off, seqlen_q, seqlen_k)`` of batch entry ``b``: the batch index of q, k,
+    v and the outputs, the row offsets of its sequence and its lengths. A packed batch
+    (``varlen``): batch index 0, offsets and lengths from ``cu_q`` / ``cu_k`` (clamped to the
+    ``total_*`` rows and the launch's maximum lengths ``seqlen_*``); else ``b``, 0, 0 and the
+    lengths as given."""
+    if varlen:
+        q_off, n_q = packed_sequence(cu_q, b, total_q, seqlen_q)
+        k_off, n_k = packed_sequence(cu_k, b, total_k, seqlen_k)
+        return 0, q_off, k_off, n_q, n_k
+    return b, 0, 0, seqlen_q, seqlen_k
+
+
+@cuda.jit(device=True, inline=True)
 def load_tile(dst, src, b, r0, h, limit, tid, nthreads):
     """Cooperative copy of rows r0.. of ``src[b, :, h, :]`` into the shared tile ``dst`` (rows,
     at least W columns: a padded tile keeps its pad); rows at or past ``limit`` become zeros."""
@@ -168,10 +183,12 @@ def load_rowvec(dst, src, b, h, r0, limit, tid, nthreads):
 
 
 @cuda.jit(device=True, inline=True)
-def load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, b, h, r0, seqlen_q, tid, nthreads):
-    """Rows r0.. of Q and dO, with their lse and delta, into shared memory (zeros past Sq)."""
-    load_tile(qs, q, b, r0, h, seqlen_q, tid, nthreads)
-    load_tile(dos, dout, b, r0, h, seqlen_q, tid, nthreads)
+def load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, ab, q_off, b, h, r0, seqlen_q, tid,
+                    nthreads):
+    """Rows r0.. of Q and dO (rows ``q_off + r`` of batch entry ``ab``), with their lse and
+    delta (entry ``b``, rows r), into shared memory (zeros past Sq)."""
+    load_tile(qs, q, ab, q_off + r0, h, q_off + seqlen_q, tid, nthreads)
+    load_tile(dos, dout, ab, q_off + r0, h, q_off + seqlen_q, tid, nthreads)
     load_rowvec(ls, lse, b, h, r0, seqlen_q, tid, nthreads)
     load_rowvec(dls, delta, b, h, r0, seqlen_q, tid, nthreads)
 
@@ -268,42 +285,51 @@ def dq_atomic(dss, k, b, hk, k0, seqlen_k, dq_acc, r0, h, seqlen_q, scale, tid, 
 
 
 # ----------------------------------------------------------------------------- small kernels
-def make_preprocess_kernel(half: bool, is_bf16: bool, is_f64: bool):
-    """``delta = rowsum(dout * out)`` and the base-2 lse of the tensor-core kernels.
+def make_preprocess_kernel(half: bool, is_bf16: bool, is_f64: bool, varlen: bool = False):
+    """``delta = rowsum(dout * out)`` and the lse in the kernels' layout and base.
 
-    Kernel ``(out, dout, lse, delta, lse2)``: out, dout (B, Sq, Hq, W) in the working dtype
-    (``half``: uint32 words of two float16 / bfloat16, W = D / 2); lse (B, Hq, Sq) natural log;
-    delta and lse2 (B, Hq, SqP) float32 (float64 when ``is_f64``), SqP >= Sq a multiple of
-    ``ROW_PAD`` so that the kernels copy whole 16-byte groups of them: ``lse2 = lse * log2 e``,
-    and for the pad rows delta 0 and lse2 +inf (P = 0 there). Grid
+    Kernel ``(out, dout, lse, delta, lse2, cu_q, max_seqlen_q)``: out, dout (B, Sq, Hq, W) in
+    the working dtype (``half``: uint32 words of two float16 / bfloat16, W = D / 2); lse (B, Hq,
+    Sq) natural log; delta and lse2 (B, Hq, SqP) float32 (float64 when ``is_f64``), SqP >= Sq a
+    multiple of ``ROW_PAD`` so that the kernels copy whole 16-byte groups of them: ``lse2 = lse
+    * log2 e`` (``half``; the lse itself otherwise), and for the pad rows delta 0 and lse2 +inf
+    (P = 0 there). ``varlen``: out, dout (1, total_q, Hq, W) and lse (1, Hq, total_q) are packed
+    (sequence b at rows ``cu_q[b]..``, int32 cu_q (B + 1,), at most ``max_seqlen_q`` rows), and
+    delta / lse2 get each sequence's rows from 0 (what the main kernels read). Grid
     ``(ceil(SqP / PRE_THREADS), B * Hq)``, ``PRE_THREADS`` threads, one row each.
     """
-    HALF, BF16 = bool(half), bool(is_bf16)
+    HALF, BF16, VARLEN = bool(half), bool(is_bf16), bool(varlen)
     npdt = np.float64 if is_f64 else np.float32
+    LSE_FACTOR = LOG2E if HALF else 1.0
 
-    def kernel(out, dout, lse, delta, lse2):
+    def kernel(out, dout, lse, delta, lse2, cu_q, max_seqlen_q):
         heads = out.shape[2]
         b = cuda.blockIdx.y // heads
         h = cuda.blockIdx.y % heads
         row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        ab, q_off, _, n_rows, _ = block_sequence(VARLEN, cu_q, cu_q, b, out.shape[1], 0,
+                                                 max_seqlen_q, 0)
+        if not VARLEN:
+            n_rows = out.shape[1]
         if row >= delta.shape[2]:
             return
-        if row >= out.shape[1]:
+        if row >= n_rows:
             delta[b, h, row] = 0
             lse2[b, h, row] = math.inf
             return
+        src = q_off + row
         acc = npdt(0.0)
         for w in range(out.shape[3]):
             if HALF:
-                o0, o1 = unpack16(BF16, out[b, row, h, w])
-                d0, d1 = unpack16(BF16, dout[b, row, h, w])
+                o0, o1 = unpack16(BF16, out[ab, src, h, w])
+                d0, d1 = unpack16(BF16, dout[ab, src, h, w])
                 acc += o0 * d0 + o1 * d1
             else:
-                acc += out[b, row, h, w] * dout[b, row, h, w]
+                acc += out[ab, src, h, w] * dout[ab, src, h, w]
         delta[b, h, row] = acc
-        lse2[b, h, row] = lse[b, h, row] * npdt(LOG2E)
+        lse2[b, h, row] = lse[ab, h, src] * npdt(LSE_FACTOR)
 
-    return jit_kernel(kernel, ("bwd_pre", HALF, BF16, bool(is_f64)))
+    return jit_kernel(kernel, ("bwd_pre", HALF, BF16, bool(is_f64), VARLEN))
 
 
 def make_reduce_kernel(half: bool, is_bf16: bool):
@@ -351,12 +377,13 @@ def fma_layout(head_dim: int, itemsize: int):
 def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
                          has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                          mask_kind: int = NONE, lanes: int = 0, block_n: int = 0,
-                         block_m: int = 0, mask_mod=None, has_alibi: bool = False):
+                         block_m: int = 0, mask_mod=None, has_alibi: bool = False,
+                         varlen: bool = False):
     """Column-parallel dK / dV (and with ``atomic_dq`` dQ) kernel, float32 or float64.
 
     Kernel ``(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
     heads_ratio, scale, cap_in, cap, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab,
-    mk_bits, alibi)``:
+    mk_bits, alibi, cu_q, cu_k)``:
     q, dout (B, Sq, Hq, D), k, v (B, Sk, Hkv, D) in the working dtype; lse, delta (B, Hq, Sq)
     (natural log; float32 lse is fine for float64); dq_acc (B, Sq, Hq, D) working dtype, zeroed,
     atomically accumulated (unused without ``atomic_dq``); dk_acc, dv_acc (B, Sk, Hq, D) written
@@ -366,7 +393,10 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
     uint32 (Sq, ceil(Sk / 32)) the words of a bitmask (``mask_kind`` BITMASK; the table also
     for MASK_MOD, whose function ``mask_mod`` is compiled in); alibi float32 (1 or B, Hq)
     slopes (``has_alibi``). Scalars: scale, cap_in = scale / softcap, cap = softcap in the
-    working dtype.
+    working dtype. ``varlen``: a packed batch (``block_sequence``): q, dout, dq_acc (1, total_q,
+    Hq, D), k, v (1, total_k, Hkv, D), dk_acc, dv_acc (1, total_k, Hq, D), sequence b at the rows
+    of int32 cu_q / cu_k (B + 1,), seqlen_q / seqlen_k the maximum lengths; lse and delta
+    (B, Hq, SqP) from the preprocess kernel (each sequence's rows from 0).
 
     Geometry (``fma_layout``; overridable for tests): ``lanes`` consecutive lanes share a key,
     each holding head_dim / lanes elements of k, v, dk, dv in registers; ``block_n`` keys per
@@ -382,12 +412,13 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
     dt = types.float64 if is_f64 else types.float32
     npdt = np.float64 if is_f64 else np.float32
     KIND, ATOMIC, ALIBI = int(mask_kind), bool(atomic_dq), bool(has_alibi)
+    VARLEN = bool(varlen)
     flags = (has_left, has_right, has_sinks)
     mod = mask_mod_device(mask_mod)
 
     def kernel(q, k, v, dout, lse, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
                heads_ratio, scale, cap_in, cap, wl, wr, sinks, mk_iv, mk_mm, mk_tab, mk_bits,
-               alibi):
+               alibi, cu_q, cu_k):
         ktile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
         h = cuda.blockIdx.y % q.shape[2]
@@ -395,6 +426,10 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
         tid = cuda.threadIdx.x
         c0 = (tid % TP) * E
         k0 = ktile * BN
+        ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(
+            VARLEN, cu_q, cu_k, b, q.shape[1], k.shape[1], seqlen_q, seqlen_k)
+        if VARLEN and k0 >= seqlen_k:
+            return
         key = k0 + tid // TP
         offset = seqlen_k - seqlen_q
         tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
@@ -410,8 +445,8 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
         vr = cuda.local.array(E, dt)
         dk = cuda.local.array(E, dt)
         dv = cuda.local.array(E, dt)
-        load_share(kr, k, b, key, hk, c0, E, key < seqlen_k)
-        load_share(vr, v, b, key, hk, c0, E, key < seqlen_k)
+        load_share(kr, k, ab, k_off + key, hk, c0, E, key < seqlen_k)
+        load_share(vr, v, ab, k_off + key, hk, c0, E, key < seqlen_k)
         zero(dk, E)
         zero(dv, E)
         lts, lte, uts, ute = column_bounds(KIND, mk_iv, key, seqlen_k)
@@ -424,7 +459,8 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
             if skip:
                 continue
             cuda.syncthreads()      # every thread is done with the previous tile
-            load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, b, h, r0, seqlen_q, tid, NT)
+            load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, ab, q_off, b, h, r0, seqlen_q,
+                            tid, NT)
             cuda.syncthreads()
             for r in range(BM):
                 p, ds = grad_scores(dot_share(kr, qs, r, c0, E, TP),
@@ -442,24 +478,25 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
                     dss[r, tid // TP] = ds
             if ATOMIC:
                 cuda.syncthreads()
-                dq_atomic(dss, k, b, hk, k0, seqlen_k, dq_acc, r0, h, seqlen_q, scale, tid, NT)
-        store_share(dk_acc, b, key, h, c0, dk, scale, E, key < seqlen_k)
-        store_share(dv_acc, b, key, h, c0, dv, npdt(1.0), E, key < seqlen_k)
+                dq_atomic(dss, k, ab, hk, k_off + k0, k_off + seqlen_k, dq_acc, q_off + r0, h,
+                          q_off + seqlen_q, scale, tid, NT)
+        store_share(dk_acc, ab, k_off + key, h, c0, dk, scale, E, key < seqlen_k)
+        store_share(dv_acc, ab, k_off + key, h, c0, dv, npdt(1.0), E, key < seqlen_k)
 
     return jit_kernel(kernel, ("bwd_fma_dkdv", D, bool(is_f64), *flags, has_softcap, ATOMIC,
-                               KIND, TP, BN, BM, ALIBI), cache=mask_mod is None)
+                               KIND, TP, BN, BM, ALIBI, VARLEN), cache=mask_mod is None)
 
 
 def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool,
                        has_sinks: bool, has_softcap: bool, mask_kind: int = NONE,
                        lanes: int = 0, block_m: int = 0, block_n: int = 0, mask_mod=None,
-                       has_alibi: bool = False):
+                       has_alibi: bool = False, varlen: bool = False):
     """Row-parallel dQ kernel (deterministic mode), float32 or float64.
 
     Kernel ``(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap,
-    window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, alibi)``: arrays as in
-    ``make_fma_dkdv_kernel``, dq (B, Sq, Hq, D) written; mk_mm and mk_tab for tiles of
-    ``block_m`` rows and ``block_n`` keys.
+    window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, alibi, cu_q, cu_k)``:
+    arrays (and ``varlen``) as in ``make_fma_dkdv_kernel``, dq (B, Sq, Hq, D) written; mk_mm
+    and mk_tab for tiles of ``block_m`` rows and ``block_n`` keys.
 
     Geometry: the dual of the dK / dV kernel: ``lanes`` lanes share a query row (q, dO, dq in
     registers), ``block_m`` rows per block (``lanes * block_m`` threads), key tiles of
@@ -473,12 +510,12 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
     assert D % TP == 0 and 32 % TP == 0 and NT % 32 == 0, (D, TP, BM)
     dt = types.float64 if is_f64 else types.float32
     npdt = np.float64 if is_f64 else np.float32
-    KIND, ALIBI = int(mask_kind), bool(has_alibi)
+    KIND, ALIBI, VARLEN = int(mask_kind), bool(has_alibi), bool(varlen)
     flags = (has_left, has_right, has_sinks)
     mod = mask_mod_device(mask_mod)
 
     def kernel(q, k, v, dout, lse, delta, dq, seqlen_q, seqlen_k, heads_ratio, scale, cap_in,
-               cap, wl, wr, sinks, mk_iv, mk_mm, mk_tab, mk_bits, alibi):
+               cap, wl, wr, sinks, mk_iv, mk_mm, mk_tab, mk_bits, alibi, cu_q, cu_k):
         qtile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
         h = cuda.blockIdx.y % q.shape[2]
@@ -486,6 +523,10 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
         tid = cuda.threadIdx.x
         c0 = (tid % TP) * E
         r0 = qtile * BM
+        ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(
+            VARLEN, cu_q, cu_k, b, q.shape[1], k.shape[1], seqlen_q, seqlen_k)
+        if VARLEN and r0 >= seqlen_q:
+            return
         r1 = min(r0 + BM, seqlen_q)
         row = r0 + tid // TP
         ok = row < seqlen_q
@@ -499,8 +540,8 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
         qr = cuda.local.array(E, dt)
         dor = cuda.local.array(E, dt)
         dq_r = cuda.local.array(E, dt)
-        load_share(qr, q, b, row, h, c0, E, ok)
-        load_share(dor, dout, b, row, h, c0, E, ok)
+        load_share(qr, q, ab, q_off + row, h, c0, E, ok)
+        load_share(dor, dout, ab, q_off + row, h, c0, E, ok)
         zero(dq_r, E)
         lse_r = lse[b, h, min(row, seqlen_q - 1)]
         delta_r = delta[b, h, min(row, seqlen_q - 1)]
@@ -514,8 +555,8 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
                                    sinks)
             if not skip:
                 cuda.syncthreads()
-                load_tile(ks, k, b, k0, hk, seqlen_k, tid, NT)
-                load_tile(vs, v, b, k0, hk, seqlen_k, tid, NT)
+                load_tile(ks, k, ab, k_off + k0, hk, k_off + seqlen_k, tid, NT)
+                load_tile(vs, v, ab, k_off + k0, hk, k_off + seqlen_k, tid, NT)
                 cuda.syncthreads()
                 for c in range(BN):
                     lts, lte, uts, ute = column_bounds(KIND, mk_iv, k0 + c, seqlen_k)
@@ -530,10 +571,10 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
             tile += 1
             if has_sinks and tile >= sink_tiles and tile < tile_lo:
                 tile = tile_lo
-        store_share(dq, b, row, h, c0, dq_r, scale, E, ok)
+        store_share(dq, ab, q_off + row, h, c0, dq_r, scale, E, ok)
 
     return jit_kernel(kernel, ("bwd_fma_dq", D, bool(is_f64), *flags, has_softcap, KIND, TP,
-                               BM, BN, ALIBI), cache=mask_mod is None)
+                               BM, BN, ALIBI, VARLEN), cache=mask_mod is None)
 
 
 # ----------------------------------------------------------------------------- tensor-core path
@@ -770,18 +811,19 @@ def dq_from_shared(dq_acc, dqa, pka, is_bf16, dst, ks, b, h, r0, seqlen_q, scale
 def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                          has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                          mask_kind: int = NONE, warps: int = 0, block_n: int = 0,
-                         block_m: int = 0, mask_mod=None, has_alibi: bool = False):
+                         block_m: int = 0, mask_mod=None, has_alibi: bool = False,
+                         varlen: bool = False):
     """Column-parallel dK / dV (and with ``atomic_dq`` dQ) kernel on tensor cores, float16 /
     bfloat16 with fp32 accumulation.
 
     Kernel ``(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
     heads_ratio, scale, scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv,
-    mk_mm, mk_tab, mk_bits, alibi)``: q, dout uint32 (B, Sq, Hq, D / 2), k, v uint32 (B, Sk, Hkv, D / 2) (two 16-bit
+    mk_mm, mk_tab, mk_bits, alibi, cu_q, cu_k)``: q, dout uint32 (B, Sq, Hq, D / 2), k, v uint32 (B, Sk, Hkv, D / 2) (two 16-bit
     values per word, rows 16-byte aligned); lse2, delta float32 (B, Hq, SqP) from the
     preprocess kernel (base-2 lse, padded rows); dq_acc float32 (B, Sq, Hq, D) zeroed,
     atomically accumulated; dk_acc, dv_acc float32 (B, Sk, Hq, D) per-query-head partials,
-    written; masks and ALiBi as in ``make_fma_dkdv_kernel`` (min/max and class table of these
-    tiles). Scalars
+    written; masks, ALiBi and ``varlen`` as in ``make_fma_dkdv_kernel`` (min/max and class
+    table of these tiles). Scalars
     float32: scale, scale * log2 e, scale / softcap, softcap * log2 e.
 
     Geometry (``mma_layout``): warp w owns keys 16 w .. 16 w + 15 of the ``block_n = 16 warps``
@@ -812,13 +854,13 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     # runtime integer on a GPU).
     ACC_N, DQ_N, PA_N = D // 2, DC // 2, BN // 4
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
-    ALIBI = bool(has_alibi)
+    ALIBI, VARLEN = bool(has_alibi), bool(varlen)
     mod = mask_mod_device(mask_mod)
     u32, f32 = types.uint32, types.float32
 
     def kernel(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
                heads_ratio, scale, scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm,
-               mk_tab, mk_bits, alibi):
+               mk_tab, mk_bits, alibi, cu_q, cu_k):
         ktile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
         h = cuda.blockIdx.y % q.shape[2]
@@ -827,6 +869,10 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         warp = tid >> 5
         lane = tid & 31
         k0 = ktile * BN
+        ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(
+            VARLEN, cu_q, cu_k, b, q.shape[1], k.shape[1], seqlen_q, seqlen_k)
+        if VARLEN and k0 >= seqlen_k:
+            return
         tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
         slope_log2 = np.float32(0.0)
         if ALIBI:
@@ -856,11 +902,12 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         end = (hi + BM - 1) // BM if hi > lo else 0
         t = next_query_tile(lo // BM, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN, seqlen_q,
                             seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
-        prefetch_rows(ks, 0, k, b, k0, hk, seqlen_k, BN, CH, tid, NT)
-        prefetch_rows(vs, 0, v, b, k0, hk, seqlen_k, BN, CH, tid, NT)
+        prefetch_rows(ks, 0, k, ab, k_off + k0, hk, k_off + seqlen_k, BN, CH, tid, NT)
+        prefetch_rows(vs, 0, v, ab, k_off + k0, hk, k_off + seqlen_k, BN, CH, tid, NT)
         if t < end:
-            prefetch_rows(qs, 0, q, b, t * BM, h, seqlen_q, BM, CH, tid, NT)
-            prefetch_rows(dos, 0, dout, b, t * BM, h, seqlen_q, BM, CH, tid, NT)
+            prefetch_rows(qs, 0, q, ab, q_off + t * BM, h, q_off + seqlen_q, BM, CH, tid, NT)
+            prefetch_rows(dos, 0, dout, ab, q_off + t * BM, h, q_off + seqlen_q, BM, CH, tid,
+                          NT)
             prefetch_stats(ls, dls, 0, lse2, delta, b, h, t * BM, tid)
         cp_async_commit()
         cur = 0
@@ -871,10 +918,10 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
             cp_async_wait_all()
             cuda.syncthreads()      # tile t has landed; every warp is done with buffer 1 - cur
             if nxt < end:
-                prefetch_rows(qs, (1 - cur) * BM, q, b, nxt * BM, h, seqlen_q, BM, CH, tid,
-                              NT)
-                prefetch_rows(dos, (1 - cur) * BM, dout, b, nxt * BM, h, seqlen_q, BM, CH,
-                              tid, NT)
+                prefetch_rows(qs, (1 - cur) * BM, q, ab, q_off + nxt * BM, h, q_off + seqlen_q,
+                              BM, CH, tid, NT)
+                prefetch_rows(dos, (1 - cur) * BM, dout, ab, q_off + nxt * BM, h,
+                              q_off + seqlen_q, BM, CH, tid, NT)
                 prefetch_stats(ls, dls, 1 - cur, lse2, delta, b, h, nxt * BM, tid)
             cp_async_commit()
             r0 = t * BM
@@ -894,29 +941,31 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
                     store_packed(dst, 16 * warp, 8 * sl, pkd, 2, lane)
             if ATOMIC:
                 cuda.syncthreads()                    # dS^T of the whole tile is in place
-                dq_from_shared(dq_acc, dqa, pka, BF16, dst, ks, b, h, r0, seqlen_q, scale, warp,
+                dq_from_shared(dq_acc, dqa, pka, BF16, dst, ks, ab, h, q_off + r0,
+                               q_off + seqlen_q, scale, warp,
                                WARPS, MQ, NCH, DC, BN, lane)
             cur = 1 - cur
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
-        store_fragments(dk_acc, b, k0 + 16 * warp, h, dk, scale, seqlen_k, 0, D // 8, lane, False)
-        store_fragments(dv_acc, b, k0 + 16 * warp, h, dv, np.float32(1.0), seqlen_k, 0, D // 8,
-                        lane, False)
+        store_fragments(dk_acc, ab, k_off + k0 + 16 * warp, h, dk, scale, k_off + seqlen_k, 0,
+                        D // 8, lane, False)
+        store_fragments(dv_acc, ab, k_off + k0 + 16 * warp, h, dv, np.float32(1.0),
+                        k_off + seqlen_k, 0, D // 8, lane, False)
 
     return jit_kernel(kernel, ("bwd_mma_dkdv", D, BF16, has_left, has_right, has_sinks,
-                               has_softcap, ATOMIC, KIND, WARPS, BM, ALIBI),
+                               has_softcap, ATOMIC, KIND, WARPS, BM, ALIBI, VARLEN),
                       cache=mask_mod is None)
 
 
 def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                        has_sinks: bool, has_softcap: bool, mask_kind: int = NONE,
                        warps: int = 0, block_m: int = 0, block_n: int = 0, mask_mod=None,
-                       has_alibi: bool = False):
+                       has_alibi: bool = False, varlen: bool = False):
     """Row-parallel dQ kernel on tensor cores (deterministic mode), float16 / bfloat16.
 
     Kernel ``(q, k, v, dout, lse2, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
     scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits,
-    alibi)``: arrays as in ``make_mma_dkdv_kernel``; dq_acc float32 (B, Sq, Hq, D) written;
+    alibi, cu_q, cu_k)``: arrays (and ``varlen``) as in ``make_mma_dkdv_kernel``; dq_acc float32 (B, Sq, Hq, D) written;
     mk_mm and mk_tab for tiles of ``block_m`` rows and ``block_n`` keys.
 
     Geometry (``mma_dq_layout``): the dual of the dK / dV kernel: warp w owns query rows 16 w .. 16 w + 15 of the
@@ -933,11 +982,13 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
     assert D % 16 == 0 and BN % 16 == 0, (D, BN)
     S_N, PK_N, ACC_N = BN // 2, BN // 4, D // 2
     BF16, KIND, ALIBI = bool(is_bf16), int(mask_kind), bool(has_alibi)
+    VARLEN = bool(varlen)
     mod = mask_mod_device(mask_mod)
     u32, f32 = types.uint32, types.float32
 
     def kernel(q, k, v, dout, lse2, delta, dq_acc, seqlen_q, seqlen_k, heads_ratio, scale,
-               scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm, mk_tab, mk_bits, alibi):
+               scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm, mk_tab, mk_bits, alibi,
+               cu_q, cu_k):
         qtile = cuda.blockIdx.x
         b = cuda.blockIdx.y // q.shape[2]
         h = cuda.blockIdx.y % q.shape[2]
@@ -946,6 +997,10 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
         warp = tid >> 5
         lane = tid & 31
         r0 = qtile * BM
+        ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(
+            VARLEN, cu_q, cu_k, b, q.shape[1], k.shape[1], seqlen_q, seqlen_k)
+        if VARLEN and r0 >= seqlen_q:
+            return
         r1 = min(r0 + BM, seqlen_q)
         offset = seqlen_k - seqlen_q
         tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
@@ -964,7 +1019,8 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
         pkp = cuda.local.array(PK_N, u32)
         pkd = cuda.local.array(PK_N, u32)
         dq = cuda.local.array(ACC_N, f32)
-        load_query_tile(qs, dos, ls, dls, q, dout, lse2, delta, b, h, r0, seqlen_q, tid, NT)
+        load_query_tile(qs, dos, ls, dls, q, dout, lse2, delta, ab, q_off, b, h, r0, seqlen_q,
+                        tid, NT)
         zero(dq, ACC_N)
         tile_lo, tile_hi, tile, last, sink_tiles = key_tiles(
             r0 + offset, r1 - 1 + offset, seqlen_k, BN, has_left, has_right, has_sinks, wl, wr,
@@ -976,8 +1032,8 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
                                    sinks)
             if not skip:
                 cuda.syncthreads()      # every warp is done with the previous K, V tiles
-                load_tile(ks, k, b, k0, hk, seqlen_k, tid, NT)
-                load_tile(vs, v, b, k0, hk, seqlen_k, tid, NT)
+                load_tile(ks, k, ab, k_off + k0, hk, k_off + seqlen_k, tid, NT)
+                load_tile(vs, v, ab, k_off + k0, hk, k_off + seqlen_k, tid, NT)
                 cuda.syncthreads()
                 mma_abt(s, BF16, qs, 16 * warp, ks, 0, NPK, KS, lane)      # S = Q K^T
                 mma_abt(dp, BF16, dos, 16 * warp, vs, 0, NPK, KS, lane)    # dP = dO V^T
@@ -988,7 +1044,9 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
             tile += 1
             if has_sinks and tile >= sink_tiles and tile < tile_lo:
                 tile = tile_lo
-        store_fragments(dq_acc, b, r0 + 16 * warp, h, dq, scale, seqlen_q, 0, D // 8, lane, False)
+        store_fragments(dq_acc, ab, q_off + r0 + 16 * warp, h, dq, scale, q_off + seqlen_q, 0,
+                        D // 8, lane, False)
 
     return jit_kernel(kernel, ("bwd_mma_dq", D, BF16, has_left, has_right, has_sinks,
-                               has_softcap, KIND, WARPS, BN, ALIBI), cache=mask_mod is None)
+                               has_softcap, KIND, WARPS, BN, ALIBI, VARLEN),
+                      cache=mask_mod is None)

@@ -18,6 +18,8 @@ Order of the launches on one stream:
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import cuda
 from numba.cuda import types
@@ -86,6 +88,14 @@ def _mask_args(plan):
     return plan.iv, plan.mm, plan.table, plan.bits
 
 
+def _cu_args(varlen):
+    """(cu_q, cu_k) as the kernels read them: a packed batch's cu_seqlens, or placeholders."""
+    if varlen is None:
+        d = dummy_arrays()
+        return d.cu, d.cu
+    return tuple(kernel_array(x, array_kind(x), False) for x in (varlen.cu_q, varlen.cu_k))
+
+
 def _alibi_arg(alibi_slopes):
     """ALiBi slopes as the kernels read them, float32 (1 or B, Hq) (a (Hq,) vector gets a
     leading axis), or the placeholder."""
@@ -97,7 +107,7 @@ def _alibi_arg(alibi_slopes):
 
 def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(-1, -1),
                   sinks=0, softcap=None, deterministic=False, mask=None, alibi_slopes=None,
-                  stream=None, dq=None, dk=None, dv=None, tiles=None):
+                  varlen=None, stream=None, dq=None, dk=None, dv=None, tiles=None):
     """Gradients (dq, dk, dv) of FlashAttention from the forward's out and lse.
 
     q, out, dout: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); one dtype among float16, bfloat16
@@ -107,32 +117,19 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
     gradients to ~1e-7 relative; the forward's FMA kernel writes a float64 lse array as is).
     Flags as in ``attention_cuda``; ``mask``: a mask object (any kind but a packed batch's, as
     in the forward: column intervals, bitmask, mask_mod) or None; ``alibi_slopes``: float32
-    (Hq,) or (B, Hq) on the device, or None. ``deterministic``: dQ by a row-parallel kernel
+    (Hq,) or (B, Hq) on the device, or None; ``varlen``: a packed batch (numba_flash.varlen.Varlen:
+    q, out, dout (total_q, Hq, D), k, v (total_k, Hkv, D), lse (Hq, total_q); sequences from
+    its cu_seqlens, lengths at most its max_seqlen), or None. ``deterministic``: dQ by a row-parallel kernel
     instead of atomics, so results are bitwise reproducible. dq, dk, dv: optional preallocated
     outputs (same shapes / dtypes as q, k, v). ``tiles``: a geometry override (tests; see
     ``backward_geometry``). Launches on ``stream`` (or the caller's current one) and returns
     without synchronising.
     """
     kind = array_kind(q)
-    names = {array_dtype(x) for x in (q, k, v, out, dout)}
-    if len(names) != 1:
-        raise TypeError(f"q, k, v, out, dout must share one dtype, got {sorted(names)}")
-    dtype_name = names.pop()
+    dtype_name = _common_dtype(q, k, v, out, dout)
     half = dtype_name in _HALF
-    if not half and dtype_name not in _FULL:
-        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {dtype_name}")
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    _, seqlen_k, heads_kv, _ = k.shape
-    if head_dim % 16 or heads_q % heads_kv:
-        raise ValueError(f"head_dim must be a multiple of 16 and heads_q a multiple of heads_kv, "
-                         f"got head_dim {head_dim}, heads {heads_q} / {heads_kv}")
-    left, right, has_left, has_right, has_sinks, has_softcap = window_flags(
-        causal, window_size, sinks, softcap)
-    flags = (has_left, has_right, has_sinks, has_softcap)
-    ratio = heads_q // heads_kv
-    launch_stream = numba_stream(stream, kind, q)
-    is_f64 = not half and _FULL[dtype_name]
-    acc_dt = np.float64 if is_f64 else np.float32
+    lead = varlen is not None          # packed arrays are seen as batch 1 by the kernels
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = _dims(q, k, varlen)
     for name, arr, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if arr is not None and tuple(arr.shape) != tuple(like.shape):
             raise ValueError(f"{name} must have shape {tuple(like.shape)}, got {tuple(arr.shape)}")
@@ -144,94 +141,187 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
             x[...] = 0
         return dq, dk, dv
 
+    left, right, *flags = window_flags(causal, window_size, sinks, softcap)
+    is_f64 = not half and _FULL[dtype_name]
     geo = backward_geometry(dtype_name, head_dim, tiles)
-    bn, bm, threads = geo["block_n"], geo["block_m"], geo["threads"]
+    launch_stream = numba_stream(stream, kind, q)
     # Mask inputs for each kernel's tiles (kept on the mask object: repeated calls upload
     # nothing); the kind and mask_mod are the same for both.
-    plan_kv, plan_q = (plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, rows, keys, False,
+    plan_kv, plan_q = (plan_mask(mask, batch, heads_q, seqlen_q, seqlen_k, rows, keys, lead,
                                  launch_stream)
-                       for rows, keys in ((bm, bn), (geo["dq_block_m"], geo["dq_block_n"])))
-    mask_kind, mask_mod = plan_kv.kind, plan_kv.mask_mod
-    has_alibi = alibi_slopes is not None
-    alibi = _alibi_arg(alibi_slopes)
-    mask_kv, mask_q = _mask_args(plan_kv) + (alibi,), _mask_args(plan_q) + (alibi,)
-    options = dict(mask_mod=mask_mod, has_alibi=has_alibi)
-    opt_key = (mask_mod, has_alibi)
+                       for rows, keys in ((geo["block_m"], geo["block_n"]),
+                                          (geo["dq_block_m"], geo["dq_block_n"])))
+    cu = _cu_args(varlen)
+    extra = (_alibi_arg(alibi_slopes),) + cu
+    call = _Call(kind, dtype_name, half, is_f64, np.float64 if is_f64 else np.float32, lead,
+                 batch, heads_q, seqlen_q, seqlen_k, heads_q // heads_kv, head_dim, geo,
+                 tuple(flags), plan_kv.kind, (plan_kv.mask_mod, alibi_slopes is not None, lead),
+                 launch_stream, stream, q)
     # Each array by its own kind: a bfloat16 caller may hold torch tensors and a CuPy lse.
-    wrap = lambda x: kernel_array(x, array_kind(x), half)           # noqa: E731
     if half:
         _check_rows_aligned(q=q, k=k, v=v, dout=dout)
-    kq, kk, kv, ko, kdo = (wrap(x) for x in (q, k, v, out, dout))
-    klse = kernel_array(lse, array_kind(lse), False)
+    kq, kk, kv, ko, kdo = (call.wrap(x) for x in (q, k, v, out, dout))
+    delta, lse2 = _preprocess(call, ko, kdo, kernel_array(lse, array_kind(lse), False, lead),
+                              cu[0])
+    # The float32 / float64 kernels read the caller's lse, or for a packed batch each
+    # sequence's copy from the preprocess (natural log there).
+    klse = lse2 if half or lead else kernel_array(lse, array_kind(lse), False)
+    dq_acc, dk_acc, dv_acc, direct = _accumulators(call, deterministic, dk, dv, k.shape[0])
     scale = float(softmax_scale)
-    cap = float(softcap) if has_softcap else 1.0
+    cap = float(softcap) if call.flags[3] else 1.0
+    rest = (seqlen_q, seqlen_k, call.ratio) + _scalars(call, scale, cap) + (left, right,
+                                                                            int(sinks))
+    dkdv_args = (kq, kk, kv, kdo, klse, delta, dq_acc, dk_acc, dv_acc) + rest + \
+        _mask_args(plan_kv) + extra
+    dq_args = (kq, kk, kv, kdo, klse, delta, dq_acc) + rest + _mask_args(plan_q) + extra
+    _main_kernels(call, deterministic, dkdv_args, dq_args)
+    call.reduce(dq_acc, dq, 1)
+    if not direct:
+        call.reduce(dk_acc, dk, call.ratio)
+        call.reduce(dv_acc, dv, call.ratio)
+    return dq, dk, dv
 
-    rows_padded = -(-seqlen_q // bw.ROW_PAD) * bw.ROW_PAD
-    delta, lse2 = (_empty(kind, (batch, heads_q, rows_padded), acc_dt, launch_stream)
-                   for _ in range(2))
-    pre = _cached(("pre", half, _HALF.get(dtype_name, False), is_f64),
-                  lambda: bw.make_preprocess_kernel(half, _HALF.get(dtype_name, False), is_f64))
-    pre[((rows_padded + bw.PRE_THREADS - 1) // bw.PRE_THREADS, batch * heads_q), bw.PRE_THREADS,
-        launch_stream](ko, kdo, klse, delta, lse2)
 
-    dq_acc = (_empty if deterministic else _zeros)(kind, q.shape, acc_dt, launch_stream)
-    direct = not half and ratio == 1
+class _Call(NamedTuple):
+    """What the helpers of one backward_kernels call share."""
+    kind: str
+    dtype_name: str
+    half: bool
+    is_f64: bool
+    acc_dt: type
+    lead: bool               # a packed batch (arrays seen as batch 1)
+    batch: int
+    heads_q: int
+    seqlen_q: int            # the maximum over sequences for a packed batch
+    seqlen_k: int
+    ratio: int               # heads_q // heads_kv
+    head_dim: int
+    geo: dict
+    flags: tuple             # has_left, has_right, has_sinks, has_softcap
+    mask_kind: int
+    options: tuple           # mask_mod, has_alibi, varlen (factory keywords, kernel cache key)
+    launch_stream: object
+    stream: object
+    like: object
+
+    def wrap(self, x):
+        """x as the kernels read it (16-bit data as uint32 words; packed: batch axis 1)."""
+        return kernel_array(x, array_kind(x), self.half, self.lead)
+
+    def factory_options(self) -> dict:
+        mask_mod, has_alibi, varlen = self.options
+        return dict(mask_mod=mask_mod, has_alibi=has_alibi, varlen=varlen)
+
+    def reduce(self, acc, dst, group):
+        """dst = acc summed over groups of ``group`` heads, in dst's dtype."""
+        bf16 = _HALF.get(self.dtype_name, False)
+        kern = _cached(("reduce", self.half, bf16), lambda: bw.make_reduce_kernel(self.half, bf16))
+        target = self.wrap(dst)
+        n = int(np.prod(target.shape))
+        kern[(n + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS, bw.REDUCE_THREADS,
+             self.launch_stream](acc, target, group)
+
+
+def _common_dtype(*arrays) -> str:
+    names = {array_dtype(x) for x in arrays}
+    if len(names) != 1:
+        raise TypeError(f"q, k, v, out, dout must share one dtype, got {sorted(names)}")
+    name = names.pop()
+    if name not in _HALF and name not in _FULL:
+        raise TypeError(f"dtype must be float16, bfloat16, float32 or float64, got {name}")
+    return name
+
+
+def _dims(q, k, varlen):
+    """(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim); a packed batch's lengths are
+    its maximum lengths."""
+    if varlen is not None:
+        _, heads_q, head_dim = q.shape
+        dims = (varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k, heads_q, k.shape[1],
+                head_dim)
+    else:
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        dims = (batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim)
+    heads_q, heads_kv, head_dim = dims[3:]
+    if head_dim % 16 or heads_q % heads_kv:
+        raise ValueError(f"head_dim must be a multiple of 16 and heads_q a multiple of heads_kv, "
+                         f"got head_dim {head_dim}, heads {heads_q} / {heads_kv}")
+    return dims
+
+
+def _preprocess(call, ko, kdo, klse, cu_q):
+    """delta and the kernels' lse, (B, Hq, SqP) in the accumulator dtype (rows padded to
+    ``ROW_PAD``)."""
+    rows_padded = -(-call.seqlen_q // bw.ROW_PAD) * bw.ROW_PAD
+    delta, lse2 = (_empty(call.kind, (call.batch, call.heads_q, rows_padded), call.acc_dt,
+                          call.launch_stream) for _ in range(2))
+    bf16 = _HALF.get(call.dtype_name, False)
+    pre = _cached(("pre", call.half, bf16, call.is_f64, call.lead),
+                  lambda: bw.make_preprocess_kernel(call.half, bf16, call.is_f64, call.lead))
+    pre[((rows_padded + bw.PRE_THREADS - 1) // bw.PRE_THREADS, call.batch * call.heads_q),
+        bw.PRE_THREADS, call.launch_stream](ko, kdo, klse, delta, lse2, cu_q, call.seqlen_q)
+    return delta, lse2
+
+
+def _accumulators(call, deterministic, dk, dv, k_rows):
+    """(dq_acc, dk_acc, dv_acc, direct): the float32 / float64 accumulators (dq's zeroed for
+    atomics; ``direct``: float32 / float64 dK, dV written into dk, dv themselves). A packed
+    batch's rows outside every sequence get no kernel writes: zeroed, they reduce to 0."""
+    kind, stream, lead = call.kind, call.launch_stream, call.lead
+    q_shape = tuple(call.like.shape)
+    q_rows = (1,) + q_shape if lead else q_shape
+    dq_acc = (_empty if deterministic and not lead else _zeros)(kind, q_rows, call.acc_dt, stream)
+    direct = not call.half and call.ratio == 1 and not lead
     if direct:
         dk_acc, dv_acc = (kernel_array(x, array_kind(x), False) for x in (dk, dv))
     else:
-        part_shape = (batch, seqlen_k, heads_q, head_dim)
-        dk_acc, dv_acc = (_empty(kind, part_shape, acc_dt, launch_stream) for _ in range(2))
-    common = (seqlen_q, seqlen_k, ratio)
-    windows = (left, right, int(sinks))
-    n_k = (seqlen_k + bn - 1) // bn
-    n_q = (seqlen_q + geo["dq_block_m"] - 1) // geo["dq_block_m"]
-    if half:
-        fdt = np.float32
-        scalars = (fdt(scale), fdt(scale * bw.LOG2E), fdt(scale / cap), fdt(cap * bw.LOG2E))
-        key = (head_dim, _HALF[dtype_name]) + flags + (mask_kind, geo["warps"], bn)
-        dkdv = _cached(("mma_dkdv", not deterministic) + key + (bm,) + opt_key,
+        rows = (1, k_rows) if lead else (call.batch, call.seqlen_k)
+        dk_acc, dv_acc = ((_zeros if lead else _empty)(kind, rows + (call.heads_q, call.head_dim),
+                                                        call.acc_dt, stream) for _ in range(2))
+    return dq_acc, dk_acc, dv_acc, direct
+
+
+def _scalars(call, scale, cap):
+    """The kernels' scalars: 16-bit (scale, scale log2 e, scale / softcap, softcap log2 e) as
+    float32; float32 / float64 (scale, scale / softcap, softcap) in the working dtype."""
+    if call.half:
+        f = np.float32
+        return (f(scale), f(scale * bw.LOG2E), f(scale / cap), f(cap * bw.LOG2E))
+    f = call.acc_dt
+    return (f(scale), f(scale / cap), f(cap))
+
+
+def _main_kernels(call, deterministic, dkdv_args, dq_args):
+    """The dK / dV kernel (with atomic dQ unless ``deterministic``), then in deterministic mode
+    the row-parallel dQ kernel."""
+    geo, heads = call.geo, call.batch * call.heads_q
+    bn, bm = geo["block_n"], geo["block_m"]
+    n_k = -(-call.seqlen_k // bn)
+    n_q = -(-call.seqlen_q // geo["dq_block_m"])
+    options = call.factory_options()
+    if call.half:
+        key = (call.head_dim, _HALF[call.dtype_name]) + call.flags + (call.mask_kind,
+                                                                      geo["warps"], bn)
+        dkdv = _cached(("mma_dkdv", not deterministic) + key + (bm,) + call.options,
                        lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic, *key[6:], bm,
                                                        **options))
-        _launch_dynamic(dkdv, (n_k, batch * heads_q), threads, geo["smem"], stream, kind, q,
-                        launch_stream, (kq, kk, kv, kdo, lse2, delta, dq_acc, dk_acc, dv_acc,
-                                        *common, *scalars, *windows, *mask_kv))
+        _launch_dynamic(dkdv, (n_k, heads), geo["threads"], geo["smem"], call.stream, call.kind,
+                        call.like, call.launch_stream, dkdv_args)
         if deterministic:
             dq_key = key[:-2] + (geo["dq_warps"], geo["dq_block_m"], geo["dq_block_n"])
-            dqk = _cached(("mma_dq",) + dq_key + opt_key,
+            dqk = _cached(("mma_dq",) + dq_key + call.options,
                           lambda: bw.make_mma_dq_kernel(*dq_key, **options))
-            dqk[(n_q, batch * heads_q), 32 * geo["dq_warps"], launch_stream](
-                kq, kk, kv, kdo, lse2, delta, dq_acc, *common, *scalars, *windows, *mask_q)
-    else:
-        fdt = acc_dt
-        scalars = (fdt(scale), fdt(scale / cap), fdt(cap))
-        key = (head_dim, is_f64) + flags
-        geo_args = (mask_kind, geo["lanes"], bn, bm)
-        dkdv = _cached(("fma_dkdv", not deterministic) + key + geo_args + opt_key,
-                       lambda: bw.make_fma_dkdv_kernel(*key, not deterministic, *geo_args,
-                                                       **options))
-        dkdv[(n_k, batch * heads_q), threads, launch_stream](
-            kq, kk, kv, kdo, klse, delta, dq_acc, dk_acc, dv_acc, *common, *scalars, *windows,
-            *mask_kv)
-        if deterministic:
-            dqk = _cached(("fma_dq",) + key + geo_args + opt_key,
-                          lambda: bw.make_fma_dq_kernel(*key, *geo_args, **options))
-            dqk[(n_q, batch * heads_q), threads, launch_stream](
-                kq, kk, kv, kdo, klse, delta, dq_acc, *common, *scalars, *windows, *mask_q)
-
-    reduce = _cached(("reduce", half, _HALF.get(dtype_name, False)),
-                     lambda: bw.make_reduce_kernel(half, _HALF.get(dtype_name, False)))
-
-    def _reduce(acc, dst, group):
-        target = wrap(dst)
-        n = int(np.prod(target.shape))
-        reduce[(n + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS, bw.REDUCE_THREADS,
-               launch_stream](acc, target, group)
-
-    _reduce(dq_acc, dq, 1)
-    if not direct:
-        _reduce(dk_acc, dk, ratio)
-        _reduce(dv_acc, dv, ratio)
-    return dq, dk, dv
+            dqk[(n_q, heads), 32 * geo["dq_warps"], call.launch_stream](*dq_args)
+        return
+    key = (call.head_dim, call.is_f64) + call.flags
+    geo_args = (call.mask_kind, geo["lanes"], bn, bm)
+    dkdv = _cached(("fma_dkdv", not deterministic) + key + geo_args + call.options,
+                   lambda: bw.make_fma_dkdv_kernel(*key, not deterministic, *geo_args, **options))
+    dkdv[(n_k, heads), geo["threads"], call.launch_stream](*dkdv_args)
+    if deterministic:
+        dqk = _cached(("fma_dq",) + key + geo_args + call.options,
+                      lambda: bw.make_fma_dq_kernel(*key, *geo_args, **options))
+        dqk[(n_q, heads), geo["threads"], call.launch_stream](*dq_args)
 
 
 def _check_rows_aligned(**arrays):
@@ -272,13 +362,11 @@ def _launch_dynamic(kern, grid, threads, smem, stream, kind, like, launch_stream
 def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic=False, stream=None):
     """numba_flash.attention_backward on GPU arrays: ``problem`` is the validated call
     (validation.Problem). The kernels take the flags (causal, window, sinks, softcap), GQA,
-    ALiBi and every mask object (column intervals, bitmask, mask_mod); packed batches
-    (cu_seqlens) raise NotImplementedError."""
-    if problem.varlen is not None:
-        raise NotImplementedError("attention_backward on the GPU does not support cu_seqlens "
-                                  "yet; NumPy arrays run it in CPU mode")
+    ALiBi, packed batches (cu_seqlens) and every mask object (column intervals, bitmask,
+    mask_mod; a packed batch takes a mask_mod only, as the forward)."""
     return backward_kernels(dout, q, k, v, out, lse, softmax_scale=problem.softmax_scale,
                             causal=problem.causal, window_size=problem.window_size,
                             sinks=problem.sinks, softcap=problem.softcap,
                             deterministic=deterministic, mask=problem.mask,
-                            alibi_slopes=problem.alibi_slopes, stream=stream)
+                            alibi_slopes=problem.alibi_slopes, varlen=problem.varlen,
+                            stream=stream)
