@@ -302,6 +302,26 @@ def test_gpu_sweep(dtype_name, d, causal, window, sinks, softcap, det):
              deterministic=det)
 
 
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("option", ["bitmask", "mask_mod", "alibi", "varlen"])
+def test_gpu_options(dtype_name, option):
+    """ALiBi, bitmask / mask_mod masks and packed batches at the default tiles (head_dim 128)."""
+    rng = np.random.default_rng(11)
+    n, det = 300, dtype_name == "float64"
+    if option == "varlen":
+        run_varlen_case(rng, dtype_name, [257, 0, 64, 300], [300, 17, 64, 211], 4, 2, 128,
+                        causal=True, deterministic=det)
+    elif option == "alibi":
+        slopes = rng.uniform(0.01, 0.2, 4).astype(np.float32)
+        run_case(rng, dtype_name, 2, 257, n, 4, 2, 128, causal=True, alibi=slopes,
+                 deterministic=det)
+    else:
+        mask = (masks.from_dense(np.random.default_rng(3).random((n, n)) < 0.5)
+                if option == "bitmask" else masks.mask_mod(_every_third_causal))
+        run_case(rng, dtype_name, 2, n, n, 4, 2, 128, mask=mask, deterministic=det)
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="NumPy arrays reach the kernels only in the simulator")
 def test_public_door_runs_the_kernels():
     """numba_flash.attention_backward(backend='cuda') reaches the kernels (simulator: NumPy
