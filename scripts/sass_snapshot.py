@@ -7,8 +7,9 @@ machine code.
 Needs what scripts/kernel_resources.py needs (NVVM, ptxas and cuobjdump / nvdisasm from the
 NVIDIA wheels; no GPU). The configurations cover every code path of forward.py's three kernels:
 the mma.sync kernel (both m-tile counts, register and shared-memory Q, window, sinks, softcap,
-each mask kind, varlen, ALiBi), the wgmma kernel (sm_90a: plain, causal, interval mask) and the
-exact float32 / float64 kernel (the same options). Identical SASS means identical behaviour and
+each mask kind, varlen, ALiBi), the wgmma kernel (sm_90a: plain, causal, interval mask), the
+exact float32 / float64 kernel (the same options) and the exact tensor-core kernels (DMMA,
+3xTF32: causal, window + sinks, softcap). Identical SASS means identical behaviour and
 speed, so a change that passes ``--compare`` needs no new GPU run.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 import kernel_resources as kr  # noqa: E402  (sets NUMBA_ENABLE_CUDASIM=0)
 
-from numba_flash.cuda.kernels import forward_fma, forward_mma  # noqa: E402
+from numba_flash.cuda.kernels import forward_dmma, forward_fma, forward_mma, forward_tf32x3  # noqa: E402,E501
 from numba_flash.cuda.kernels import forward_geometry as geometry  # noqa: E402
 from numba_flash.cuda.kernels.masking import BITMASK, INTERVALS  # noqa: E402
 
@@ -47,10 +48,20 @@ for _d in (64, 128):
                     {"mask_kind": INTERVALS}, True))
 CONFIGS.append(("wgmma_float16_d128_bitmask", "float16", 128, _FLAGS["plain"],
                 {"mask_kind": BITMASK}, True))
+# The exact tensor-core kernels (off by default): DMMA float64 and 3xTF32 float32.
+for _exact, _d in (("dmma", 64), ("tf32x3", 64)):
+    for _flag in ("causal", "window_sinks", "softcap"):
+        CONFIGS.append((f"{_exact}_d{_d}_{_flag}", _exact, _d, _FLAGS[_flag], {}, False))
 
 
 def build(dtype: str, head_dim: int, flags, extra: dict, wgmma: bool):
-    """(py_func, signature, cc) of one configuration."""
+    """(py_func, signature, cc) of one configuration (``dtype`` "dmma" / "tf32x3": the exact
+    tensor-core kernels)."""
+    if dtype in ("dmma", "tf32x3"):
+        factory = (forward_dmma.make_dmma_kernel if dtype == "dmma"
+                   else forward_tf32x3.make_tf32x3_kernel)
+        kern = factory(head_dim, *flags)
+        return kern.py_func, kr.forward_signature(False, dtype == "dmma"), (9, 0)
     if dtype in ("float16", "bfloat16"):
         kern = forward_mma.make_mma_kernel(head_dim, dtype == "bfloat16", *flags,
                                            geometry.mma_block_n(head_dim, wgmma),

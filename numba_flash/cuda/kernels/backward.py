@@ -50,6 +50,7 @@ from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, MASK_MOD, NONE, bit_visible, key_tiles,
                       mask_mod_device, tile_class)
 from .sequences import packed_sequence
+from .tile_ops import window_visible
 from .tile_classes import FULL, SKIP
 
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_fma_dkdv_kernel",
@@ -103,13 +104,7 @@ def pair_visible(row, kpos, seqlen_q, seqlen_k, offset, has_left, has_right, has
     BITMASK, its bit in ``bits`` (uint32 (Sq, ceil(Sk / 32))); MASK_MOD, the user's
     ``mod(b, h, q_idx, kv_idx)`` (both asked only for pairs in range)."""
     qpos = row + offset
-    win = True
-    if has_left:
-        win = kpos >= qpos - wl
-    if has_right:
-        win = win and kpos <= qpos + wr
-    if has_sinks:
-        win = win or (kpos < sinks and kpos <= qpos)
+    win = window_visible(kpos, qpos, wl, wr, sinks, has_left, has_right, has_sinks)
     if kind == INTERVALS:
         win = win and (row < lts or row >= lte) and (row < uts or row >= ute)
     vis = win and row < seqlen_q and kpos < seqlen_k

@@ -33,27 +33,6 @@ def load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_ro
 
 
 @cuda.jit(device=True, inline=True)
-def masked_score(x, key, qpos, seqlen_k, scale, cap_in, cap_out, has_softcap, has_left,
-                 has_right, has_sinks, window_left, window_right, sinks, neg_inf):
-    """The score of the raw product ``x = q.k`` for the pair (query position ``qpos``, key
-    ``key``): ``scale x``, or ``cap_out tanh(cap_in x)`` with a softcap; ``neg_inf`` when the
-    key is past the sequence or outside the window and not a sink (bottom-right aligned)."""
-    if has_softcap:
-        x = cap_out * math.tanh(cap_in * x)
-    else:
-        x = scale * x
-    visible = key < seqlen_k
-    in_window = True
-    if has_left:
-        in_window = key >= qpos - window_left
-    if has_right:
-        in_window = in_window and key <= qpos + window_right
-    if has_sinks:
-        in_window = in_window or (key < sinks and key <= qpos)
-    return x if visible and in_window else neg_inf
-
-
-@cuda.jit(device=True, inline=True)
 def window_visible(key, qpos, window_left, window_right, sinks, has_left, has_right, has_sinks):
     """Whether the flags let query position ``qpos`` see key ``key`` (bottom-right aligned): inside
     the window (``has_left`` / ``has_right``: ``qpos - window_left <= key <= qpos +
@@ -66,3 +45,19 @@ def window_visible(key, qpos, window_left, window_right, sinks, has_left, has_ri
     if has_sinks:
         in_window = in_window or (key < sinks and key <= qpos)
     return in_window
+
+
+@cuda.jit(device=True, inline=True)
+def masked_score(x, key, qpos, seqlen_k, scale, cap_in, cap_out, has_softcap, has_left,
+                 has_right, has_sinks, window_left, window_right, sinks, neg_inf):
+    """The score of the raw product ``x = q.k`` for the pair (query position ``qpos``, key
+    ``key``): ``scale x``, or ``cap_out tanh(cap_in x)`` with a softcap; ``neg_inf`` when the
+    key is past the sequence or outside the window and not a sink (bottom-right aligned)."""
+    if has_softcap:
+        x = cap_out * math.tanh(cap_in * x)
+    else:
+        x = scale * x
+    visible = key < seqlen_k
+    in_window = window_visible(key, qpos, window_left, window_right, sinks, has_left, has_right,
+                               has_sinks)
+    return x if visible and in_window else neg_inf
