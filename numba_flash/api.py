@@ -52,7 +52,7 @@ def _load_attention_cuda():
 def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
               mask=None, softcap=None, alibi_slopes=None, return_lse=False, backend="auto",
               stream=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-              max_seqlen_k=None, score_mod=None, check_inputs=False):
+              max_seqlen_k=None, score_mod=None, check_inputs=False, precision="auto"):
     """Exact scaled dot-product attention (FlashAttention), on the GPU or on the CPU.
 
     Parameters
@@ -117,6 +117,14 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         True copies them to the host once (one synchronisation) and runs CPU mode's checks:
         start at 0, non-decreasing, end at the packed length, fit int32, max_seqlen_q/k at
         least the longest sequence (the same ValueError). NumPy inputs are always checked.
+    precision : {"auto", "ieee", "tensor_cores"}
+        Which GPU kernel computes float32 / float64 inputs: "auto" (today the CUDA-core kernel,
+        as "ieee") or "tensor_cores": float64 on DMMA (fp64 tensor cores, float64 products and
+        sums), float32 by 3xTF32 (each operand split into two TF32 parts, three products: error
+        within 2x the CUDA-core kernel's, docs/stability.md section 8); for head_dim up to 128
+        (float64) / 96 (float32) with the flags only (NotImplementedError with a mask object,
+        ALiBi, score_mod or cu_seqlens). float16 / bfloat16 always run on tensor cores ("ieee"
+        is a ValueError for them). CPU mode computes in float64 whatever the setting.
 
     Returns
     -------
@@ -153,8 +161,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         result, signature = fast(q, k, v, (softmax_scale, causal, window_size, sinks, mask,
                                            softcap, alibi_slopes, return_lse, backend,
                                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                           max_seqlen_k, score_mod), extras, (mask, score_mod),
-                                 stream)
+                                           max_seqlen_k, score_mod, precision), extras,
+                                 (mask, score_mod), stream)
         if result is not None:
             return result
     problem = validate(q, k, v, softmax_scale=softmax_scale, causal=causal,
@@ -163,7 +171,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                        max_seqlen_k=max_seqlen_k, score_mod=score_mod,
-                       check_inputs=check_inputs)
+                       check_inputs=check_inputs, precision=precision)
     options = dict(softmax_scale=problem.softmax_scale, causal=problem.causal,
                    window_size=problem.window_size, sinks=problem.sinks, mask=problem.mask,
                    softcap=problem.softcap, return_lse=problem.return_lse)
@@ -181,5 +189,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         return attention_cpu(q, k, v, **options)
     if problem.varlen is not None:
         options["varlen"] = problem.varlen
+    if problem.precision != "auto":
+        options["precision"] = problem.precision
     attention_cuda = _load_attention_cuda()
     return attention_cuda(q, k, v, stream=stream, fast=signature, **options)

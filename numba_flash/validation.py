@@ -59,6 +59,7 @@ class Problem:
     alibi_slopes: object = None   # None, or the caller's (heads_q,) / (batch, heads_q) array
     varlen: object = None         # None, or a numba_flash.varlen.Varlen
     score_mod: object = None      # None, or the caller's fn(score, b, h, q_idx, kv_idx)
+    precision: str = "auto"       # "auto", "ieee" or "tensor_cores" (check_precision)
 
 
 def cuda_simulator_enabled() -> bool:
@@ -287,10 +288,43 @@ def _check_alibi(alibi_slopes, kind: str, batch: int, heads_q: int):
     return alibi_slopes
 
 
+PRECISIONS = ("auto", "ieee", "tensor_cores")
+# Head dims (after the GPU's zero padding to 32 / 64 / 96 / 128) of the exact tensor-core kernels
+_TENSOR_CORE_MAX_HEAD_DIM = {"float32": 96, "float64": 128}
+
+
+def check_precision(precision, dtype, head_dim: int, mask, alibi_slopes, varlen,
+                    score_mod) -> str:
+    """``precision`` of ``numba_flash.attention``: "auto" (the default kernels), "ieee"
+    (float32 / float64 products on CUDA cores) or "tensor_cores" (float64 on DMMA, float32 by
+    3xTF32: head_dim up to 128 / 96, flags only: no mask object, ALiBi, score_mod or packed
+    batch). 16-bit inputs always run on tensor cores ("ieee" is refused for them)."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got "
+                         f"{precision!r}")
+    name = np.dtype(dtype).name
+    if precision == "ieee" and name not in _TENSOR_CORE_MAX_HEAD_DIM:
+        raise ValueError(f"precision='ieee' applies to float32 / float64 inputs; {name} always "
+                         f"runs on tensor cores (leave precision='auto')")
+    if precision != "tensor_cores" or name not in _TENSOR_CORE_MAX_HEAD_DIM:
+        return precision
+    extras = [label for label, value in (("a mask object", mask), ("alibi_slopes", alibi_slopes),
+                                         ("cu_seqlens", varlen), ("score_mod", score_mod))
+              if value is not None]
+    limit = _TENSOR_CORE_MAX_HEAD_DIM[name]
+    if extras or head_dim > limit:
+        got = ", ".join(extras + ([f"head_dim {head_dim}"] if head_dim > limit else []))
+        raise NotImplementedError(f"precision='tensor_cores' for {name} takes head_dim up to "
+                                  f"{limit} and the flags (causal, window_size, sinks, softcap) "
+                                  f"only, got {got}; use precision='auto'")
+    return precision
+
+
 def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), sinks=0,
              mask=None, softcap=None, return_lse=False, backend="auto", stream=None,
              alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-             max_seqlen_k=None, score_mod=None, check_inputs=False) -> Problem:
+             max_seqlen_k=None, score_mod=None, check_inputs=False,
+             precision="auto") -> Problem:
     """Check every argument of ``numba_flash.attention`` and return the normalised Problem.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
@@ -333,6 +367,7 @@ def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1),
         combined._check_sizes(seqlen_q, seqlen_k)
     alibi_slopes = _check_alibi(alibi_slopes, kind, batch, heads_q)
     score_mod = check_score_mod(score_mod)
+    precision = check_precision(precision, dtype, head_dim, mask, alibi_slopes, varlen, score_mod)
     return Problem(kind, chosen, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype,
                    softmax_scale, causal, window_size, sinks, mask, softcap, return_lse, infos,
-                   alibi_slopes, varlen, score_mod)
+                   alibi_slopes, varlen, score_mod, precision)

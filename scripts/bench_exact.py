@@ -91,20 +91,17 @@ def tensor_core_row(q, k, v, causal, fl):
     exact = naive_attention(*(x.astype(cp.float64) for x in (q, k, v)), causal)()
     exact = exact.transpose(0, 2, 1, 3)       # the naive peer's (B, H, N, D) -> (B, N, H, D)
 
-    def run():
-        return runtime.attention_cuda(q, k, v, softmax_scale=d ** -0.5, causal=causal)
+    def run(precision="ieee"):
+        return runtime.attention_cuda(q, k, v, softmax_scale=d ** -0.5, causal=causal,
+                                      precision=precision)
+
+    def run_tc():
+        return run("tensor_cores")
 
     err_ieee = float(cp.abs(run().astype(cp.float64) - exact).max())
-    flag = "DMMA_ENABLED" if q.dtype == cp.float64 else "TF32X3_ENABLED"
-    setattr(runtime, flag, True)
-    try:
-        name = runtime.kernel_for(str(q.dtype), d, False, causal, False, False, False)[0]
-        kernel = getattr(name, "py_func", name).__qualname__
-        tc_kind = "dmma" if "dmma" in kernel else "tf32x3" if "tf32x3" in kernel else "ieee"
-        err_tc = float(cp.abs(run().astype(cp.float64) - exact).max())
-        ms_tc = time_ms(run, reps=10)
-    finally:
-        setattr(runtime, flag, False)
+    tc_kind = runtime.tensor_core_kernel(str(q.dtype), d, "tensor_cores")
+    err_tc = float(cp.abs(run_tc().astype(cp.float64) - exact).max())
+    ms_tc = time_ms(run_tc, reps=10)
     ms = time_ms(run, reps=10)
     return dict(tc_kernel=tc_kind, tc_ms=ms_tc, tc_tflops=fl / ms_tc / 1e9, ieee_direct_ms=ms,
                 tc_speedup=ms / ms_tc, err_ieee=err_ieee, err_tc=err_tc)

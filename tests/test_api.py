@@ -444,3 +444,45 @@ def test_numpy_inputs_through_the_real_kernels_in_the_simulator():
     assert out.dtype == np.float32 and out.shape == (1, 5, 2, 32) and lse.shape == (1, 2, 5)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
     np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=2e-6)
+
+
+# ----------------------------------------------------------------------------- precision
+def test_precision_is_checked():
+    with pytest.raises(ValueError, match=r"precision must be one of 'auto', 'ieee', "
+                                         r"'tensor_cores', got 'tf32'"):
+        numba_flash.attention(*qkv(), precision="tf32")
+    with pytest.raises(ValueError, match=r"precision='ieee' applies to float32 / float64 "
+                                         r"inputs; float16"):
+        numba_flash.attention(*qkv(dtype=np.float16), precision="ieee")
+
+
+@pytest.mark.parametrize("dtype,d,kw,got", [
+    (np.float32, 128, {}, "head_dim 128"),
+    (np.float64, 64, dict(alibi_slopes=np.ones(4, np.float32)), "alibi_slopes"),
+    (np.float32, 32, dict(mask=CausalMask() & CausalMask()), "a mask object"),
+])
+def test_tensor_cores_refuse_what_their_kernels_lack(dtype, d, kw, got):
+    with pytest.raises(NotImplementedError, match=f"precision='tensor_cores'.*got {got}"):
+        numba_flash.attention(*qkv(d=d, dtype=dtype), precision="tensor_cores", **kw)
+
+
+def test_precision_leaves_cpu_mode_exact():
+    q, k, v = qkv(dtype=np.float64, d=32)
+    expect = numba_flash.attention(q, k, v, causal=True)
+    for precision in ("ieee", "tensor_cores"):
+        got = numba_flash.attention(q, k, v, causal=True, precision=precision)
+        assert np.array_equal(got, expect)
+    # 16-bit inputs are on tensor cores anyway
+    numba_flash.attention(*qkv(dtype=np.float16), precision="tensor_cores")
+
+
+@pytest.mark.skipif(not validation.cuda_simulator_enabled(),
+                    reason="NumPy arrays reach the kernels only in the simulator")
+def test_tensor_cores_reach_the_dmma_kernel():
+    """The public door with precision='tensor_cores' runs the DMMA kernel (simulator) and agrees
+    with CPU mode to float64 rounding."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 9, 1, 32)) for _ in range(3))
+    got = numba_flash.attention(q, k, v, causal=True, backend="cuda", precision="tensor_cores")
+    np.testing.assert_allclose(got, numba_flash.attention(q, k, v, causal=True), rtol=0,
+                               atol=1e-12)

@@ -1,6 +1,5 @@
 """The float64 DMMA forward kernel (kernels/forward_dmma.py) against the float64 reference:
-flags, GQA, odd sizes, rows past the keys, lse. It is off by default until measured on a GPU;
-these tests turn it on (``attention.DMMA_ENABLED``)."""
+flags, GQA, odd sizes, rows past the keys, lse. Chosen by ``precision="tensor_cores"``."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +13,7 @@ from gpu_arrays import no_repeat_path, to_device, to_host
 
 
 @pytest.fixture(autouse=True)
-def _dmma_on(monkeypatch):
-    monkeypatch.setattr(launch, "DMMA_ENABLED", True)
+def _full_path(monkeypatch):
     no_repeat_path(monkeypatch)
 
 
@@ -33,7 +31,7 @@ def test_dmma_matches_reference(b, sq, sk, hq, hkv, d, kw):
     k, v = (rng.standard_normal((b, sk, hkv, d)) for _ in range(2))
     scale = d ** -0.5
     res, lse = launch.attention_cuda(*(to_device(x) for x in (q, k, v)), softmax_scale=scale,
-                                     return_lse=True, **kw)
+                                     return_lse=True, precision="tensor_cores", **kw)
     ref, ref_lse = reference(q, k, v, softmax_scale=scale, return_lse=True, **kw)
     res, lse = to_host(res), to_host(lse)
     assert lse.dtype == np.float64
@@ -43,15 +41,21 @@ def test_dmma_matches_reference(b, sq, sk, hq, hkv, d, kw):
     np.testing.assert_allclose(lse[fin], ref_lse[fin], rtol=1e-12, atol=1e-12)
 
 
-def test_dmma_is_chosen_only_for_plain_float64_calls():
-    def is_dmma(kern):
-        return "make_dmma_kernel" in getattr(kern, "py_func", kern).__qualname__
+def test_precision_chooses_the_kernel():
+    def name(dtype, d, precision, **kw):
+        kern = launch.kernel_for(dtype, d, False, True, False, False, True, precision=precision,
+                                 **kw)[0]
+        return getattr(kern, "py_func", kern).__qualname__
 
-    assert is_dmma(launch.kernel_for("float64", 64, False, True, False, False, True)[0])
-    assert not is_dmma(launch.kernel_for("float64", 256, False, True, False, False, True)[0])
-    assert not is_dmma(launch.kernel_for("float64", 64, False, True, False, False, True,
-                                         has_alibi=True)[0])
-    assert not is_dmma(launch.kernel_for("float32", 64, False, True, False, False, True)[0])
+    assert "make_dmma_kernel" in name("float64", 64, "tensor_cores")
+    assert "make_tf32x3_kernel" in name("float32", 96, "tensor_cores")
+    for dtype in ("float32", "float64"):
+        for precision in ("auto", "ieee"):
+            assert "make_fma_kernel" in name(dtype, 64, precision)
+    with pytest.raises(NotImplementedError, match="head_dim 256"):
+        name("float64", 256, "tensor_cores")
+    with pytest.raises(NotImplementedError, match="with one of them"):
+        name("float32", 64, "tensor_cores", has_alibi=True)
 
 
 _OFFLINE = r"""

@@ -1,8 +1,8 @@
 """The float32 3xTF32 forward kernel (kernels/forward_tf32x3.py) against the float64 reference:
 error of the same order as the IEEE CUDA-core kernel's (issue 21's rule: at most 2x), flags,
 GQA, odd sizes, rows past the keys; in the simulator also with the tensor cores' rounding toward
-zero modelled (primitives/mma_exact.py ``tensor_core_rounding``). Off by default until measured
-on a GPU; these tests turn it on (``attention.TF32X3_ENABLED``)."""
+zero modelled (primitives/mma_exact.py ``tensor_core_rounding``). Chosen by
+``precision="tensor_cores"``."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,10 +24,10 @@ CASES = [  # b, sq, sk, hq, hkv, d, options
 ]
 
 
-def _run(monkeypatch, tf32, q, k, v, kw):
-    monkeypatch.setattr(launch, "TF32X3_ENABLED", tf32)
+def _run(tf32, q, k, v, kw):
     out, lse = launch.attention_cuda(*(to_device(x) for x in (q, k, v)),
-                                     softmax_scale=q.shape[-1] ** -0.5, return_lse=True, **kw)
+                                     softmax_scale=q.shape[-1] ** -0.5, return_lse=True,
+                                     precision="tensor_cores" if tf32 else "ieee", **kw)
     return to_host(out).astype(np.float64), to_host(lse)
 
 
@@ -38,8 +38,8 @@ def _check_accuracy(monkeypatch, b, sq, sk, hq, hkv, d, kw):
     q = rng.standard_normal((b, sq, hq, d)).astype(np.float32)
     k, v = (rng.standard_normal((b, sk, hkv, d)).astype(np.float32) for _ in range(2))
     ref, ref_lse = reference(q, k, v, softmax_scale=d ** -0.5, return_lse=True, **kw)
-    out3, lse3 = _run(monkeypatch, True, q, k, v, kw)
-    out1, _ = _run(monkeypatch, False, q, k, v, kw)        # the IEEE CUDA-core kernel
+    out3, lse3 = _run(True, q, k, v, kw)
+    out1, _ = _run(False, q, k, v, kw)        # the IEEE CUDA-core kernel
     err3, err1 = np.abs(out3 - ref).max(), np.abs(out1 - ref).max()
     assert err3 <= 2 * err1 + 2e-7, (err3, err1)
     assert np.array_equal(np.isneginf(lse3), np.isneginf(ref_lse))

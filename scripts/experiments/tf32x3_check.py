@@ -9,8 +9,8 @@ error grow with the number of keys while it kept S and O in long-lived tensor-co
 
 The first four cases are tests/test_forward_tf32x3.py's with the test's data (seed sq + d; the
 H100 failed the first two with the earlier kernel), the others benchmark sizes; docs/perf-notes.md
-has the errors the simulator's truncating model gives, to compare. The 3xTF32 kernel is turned on
-for its own calls only (``attention.TF32X3_ENABLED``, as scripts/bench_exact.py does). Exits 1
+has the errors the simulator's truncating model gives, to compare. The 3xTF32 kernel runs through
+``precision="tensor_cores"``, the IEEE one through ``precision="ieee"``. Exits 1
 when a case breaks the rule.
 """
 from __future__ import annotations
@@ -41,11 +41,8 @@ CASES = [  # B, Sq, Sk, Hq, Hkv, D, options
 
 def call(q, k, v, kw, tf32: bool):
     """One forward call, on the 3xTF32 kernel when ``tf32`` else on the IEEE kernel."""
-    runtime.TF32X3_ENABLED = tf32
-    try:
-        return runtime.attention_cuda(q, k, v, softmax_scale=q.shape[-1] ** -0.5, **kw)
-    finally:
-        runtime.TF32X3_ENABLED = False
+    return runtime.attention_cuda(q, k, v, softmax_scale=q.shape[-1] ** -0.5,
+                                  precision="tensor_cores" if tf32 else "ieee", **kw)
 
 
 def main() -> int:

@@ -36,8 +36,7 @@ from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
 
 __all__ = ["attention_cuda", "attention_fast", "window_flags", "kernel_for", "tile_shape",
-           "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED", "DMMA_ENABLED",
-           "TF32X3_ENABLED",
+           "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED", "tensor_core_kernel",
            "dynamic_smem_bytes", "compiled_kernel_count"]
 
 _KERNELS: dict = {}
@@ -48,11 +47,6 @@ LOG2E = 1.0 / math.log(2.0)
 # NUMBA_FLASH_WGMMA=0 (read once, at import) keeps compute-capability 9.0 devices on the
 # mma.sync path, for comparisons; by default they take wgmma at head_dim 64 and 128.
 WGMMA_ENABLED = os.environ.get("NUMBA_FLASH_WGMMA", "1") != "0"
-# The float64 DMMA kernel (kernels/forward_dmma.py) for plain float64 calls: off until it has
-# been checked and measured on a GPU (simulator and offline SASS only so far; tests turn it on).
-DMMA_ENABLED = False
-# The float32 3xTF32 kernel (kernels/forward_tf32x3.py), likewise off until measured on a GPU.
-TF32X3_ENABLED = False
 
 
 def wgmma_device() -> bool:
@@ -86,15 +80,35 @@ def tile_shape(dtype_name: str, head_dim: int) -> tuple[int, int]:
     return geometry.fma_block_m(head_dim, itemsize), geometry.fma_block_n(head_dim, itemsize)
 
 
+def tensor_core_kernel(dtype_name: str, head_dim: int, precision: str, mask_kind: int = NONE,
+                       varlen: bool = False, has_alibi: bool = False, score_mod=None):
+    """Which exact tensor-core kernel serves a float32 / float64 call: "dmma" (float64),
+    "tf32x3" (float32) for ``precision="tensor_cores"``, None for "auto" / "ieee" (the CUDA-core
+    kernel) and for 16-bit calls (always on tensor cores). NotImplementedError for a
+    "tensor_cores" call those kernels do not take (validation.check_precision says so first on
+    the public path)."""
+    if precision != "tensor_cores" or dtype_name not in ("float32", "float64"):
+        return None
+    f64 = dtype_name == "float64"
+    plain = mask_kind == NONE and not varlen and not has_alibi and score_mod is None
+    if not plain or not (dmma_supported(head_dim) if f64 else tf32x3_supported(head_dim)):
+        raise NotImplementedError(f"precision='tensor_cores' for {dtype_name} takes head_dim "
+                                  f"{'32 / 64 / 96 / 128' if f64 else '32 / 64 / 96'} without "
+                                  f"mask objects, alibi_slopes, score_mod or cu_seqlens; got "
+                                  f"head_dim {head_dim}" + ("" if plain else " with one of them"))
+    return "dmma" if f64 else "tf32x3"
+
+
 def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
                has_softcap: bool, write_lse: bool, mask_kind: int = NONE,
-               varlen: bool = False, has_alibi: bool = False, mask_mod=None, score_mod=None):
-    """The (cached) kernel and its launch geometry (block_m, threads) for one configuration."""
+               varlen: bool = False, has_alibi: bool = False, mask_mod=None, score_mod=None,
+               precision: str = "auto"):
+    """The (cached) kernel and its launch geometry (block_m, threads) for one configuration;
+    ``precision`` as in ``tensor_core_kernel``."""
     wg = _wgmma(dtype_name, head_dim)
-    dmma = (DMMA_ENABLED and dtype_name == "float64" and dmma_supported(head_dim)
-            and mask_kind == NONE and not varlen and not has_alibi and score_mod is None)
-    tf32 = (TF32X3_ENABLED and dtype_name == "float32" and tf32x3_supported(head_dim)
-            and mask_kind == NONE and not varlen and not has_alibi and score_mod is None)
+    exact = tensor_core_kernel(dtype_name, head_dim, precision, mask_kind, varlen, has_alibi,
+                               score_mod)
+    dmma, tf32 = exact == "dmma", exact == "tf32x3"
     key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
            mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma, tf32)
     entry = _KERNELS.get(key)
@@ -180,6 +194,7 @@ class _Problem:
         self.varlen, self.mask, self.alibi = varlen, o["mask"], o.get("alibi_slopes")
         self.score_mod, self.return_lse = o.get("score_mod"), bool(o["return_lse"])
         self.softmax_scale, self.softcap = o["softmax_scale"], o["softcap"]
+        self.precision = o.get("precision", "auto")
 
     @property
     def empty(self) -> bool:
@@ -188,7 +203,7 @@ class _Problem:
 
 def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, window_size=(-1, -1),
                    sinks: int = 0, mask=None, softcap=None, return_lse: bool = False, stream=None,
-                   alibi_slopes=None, varlen=None, score_mod=None, fast=None):
+                   alibi_slopes=None, varlen=None, score_mod=None, precision="auto", fast=None):
     """FlashAttention forward on the GPU (or Numba's simulator for NumPy inputs).
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
@@ -201,7 +216,9 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     synchronising. mask: a ``numba_flash.masks`` object (maskplan.py); alibi_slopes: float32
     (Hq,) or (B, Hq) on the device; varlen: a ``numba_flash.varlen.Varlen`` (q (total_q, Hq,
     D), k / v (total_k, Hkv, D); out the same, lse (Hq, total_q)); score_mod: the user's
-    ``fn(score, b, h, q_idx, kv_idx)``. ``fast``: (signature, extras) from ``attention_fast``'s
+    ``fn(score, b, h, q_idx, kv_idx)``; precision: "auto" / "ieee" (float32 / float64 on CUDA
+    cores) or "tensor_cores" (DMMA / 3xTF32, ``tensor_core_kernel``). ``fast``: (signature,
+    extras) from ``attention_fast``'s
     miss: the plan is recorded under the signature when the kernel reads exactly those caller
     arrays (cu_seqlens, ALiBi slopes) as they were given.
     """
@@ -210,11 +227,12 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
         return _attention_padded(q, k, v, width, softmax_scale=softmax_scale, causal=causal,
                                  window_size=window_size, sinks=sinks, mask=mask,
                                  softcap=softcap, return_lse=return_lse, stream=stream,
-                                 alibi_slopes=alibi_slopes, varlen=varlen, score_mod=score_mod)
+                                 alibi_slopes=alibi_slopes, varlen=varlen, score_mod=score_mod,
+                                 precision=precision)
     kind, dtype_name, device, _ = gpu_inputs(q, k, v, lead=varlen is not None)
     options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                    sinks=sinks, mask=mask, softcap=softcap, return_lse=return_lse,
-                   alibi_slopes=alibi_slopes, score_mod=score_mod)
+                   alibi_slopes=alibi_slopes, score_mod=score_mod, precision=precision)
     p = _Problem(q, k, v, options, varlen)
     fill = p.lead   # rows of packed sequences with no visible key stay 0 / -inf
     out = empty_like_kind(kind, q, p.out_shape, dtype_name, zero=fill)
@@ -316,7 +334,8 @@ def _plan(kind, dtype_name, device, p, arrays, stream):
                       p.lead, lambda: numba_stream(stream, kind, arrays[0]))
     kern, block_m, threads = kernel_for(
         dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
-        p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod)
+        p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod,
+        p.precision)
     params = [caller_param(x, kind, half and i < 4, p.lead) for i, x in enumerate(arrays[:4])]
     if p.return_lse:
         params.append(caller_param(arrays[4], kind, False, p.lead))
@@ -363,7 +382,8 @@ def _launch_simulated(kind, dtype_name, p, q, k, v, out, lse):
                       p.lead, 0)
     kern, block_m, threads = kernel_for(
         dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
-        p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod)
+        p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod,
+        p.precision)
     dummies = dummy_arrays()
     lse_arg = kernel_array(lse, kind, False, p.lead) if p.return_lse else \
         kernel_array(np.empty((1, 1, 1), np.float32), kind, False)
