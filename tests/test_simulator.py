@@ -4,6 +4,7 @@ import threading
 
 import numpy as np
 import pytest
+from numba import cuda      # module level: the simulator swaps module globals only
 
 from conftest import SIMULATOR
 
@@ -55,3 +56,43 @@ def test_shared_arrays_on_different_lines_stay_apart():
     assert a is not b and a.shape == (2, 3) and a.dtype == np.float32
     with pytest.raises(RuntimeError, match="alignment"):
         shared.array(4, np.float32, alignment=16)
+
+
+def test_a_failing_lane_releases_its_warp():
+    """A simulated thread that raises makes Numba abort the block; its warp's other lanes,
+    waiting in a warp collective, give up at once (they used to wait out a 300 s timeout)."""
+    import time
+
+    from numba_flash.cuda.primitives import shfl_xor
+
+    @cuda.jit
+    def kernel(out):
+        t = cuda.threadIdx.x
+        if t == 5:
+            out[100] = 1.0          # out of bounds: this lane raises
+        out[t] = shfl_xor(np.float32(t), 1)
+
+    before = threading.active_count()
+    with pytest.raises(IndexError, match="out of bounds"):
+        kernel[1, 32](np.zeros(32, np.float32))
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == before
+
+
+def test_warp_collectives_still_combine():
+    from numba_flash.cuda.primitives import shfl_xor
+
+    @cuda.jit
+    def kernel(out):
+        t = cuda.threadIdx.x
+        x = np.float32(t)
+        for m in (1, 2, 4, 8, 16):
+            x += shfl_xor(x, m)
+        out[cuda.blockIdx.x, t] = x
+
+    out = np.zeros((2, 64), np.float32)
+    kernel[2, 64](out)
+    warp_sums = np.repeat([np.arange(32).sum(), np.arange(32, 64).sum()], 32)
+    assert np.array_equal(out, np.broadcast_to(warp_sums, (2, 64)))

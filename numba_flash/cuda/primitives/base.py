@@ -5,7 +5,7 @@ exchange that stands in for warp-collective instructions.
 Under ``NUMBA_ENABLE_CUDASIM=1`` the simulator has neither inline PTX nor warp shuffles, so each
 primitive module defines its names twice: an ``@intrinsic`` (or a Numba built-in) on the GPU, a
 plain Python function in the simulator. Collective stand-ins call ``collective``: each simulated
-lane posts its operand to a per-warp exchange (a ``threading.Barrier`` of 32), and every lane
+lane posts its operand to a per-warp exchange (the last of the 32 combines them), and every lane
 computes its own share of the combined result. Kernel source is therefore identical on both.
 """
 from __future__ import annotations
@@ -77,20 +77,38 @@ else:
     item_pointer_i64 = offset_pointer_i64 = shared_address_i32 = bare_asm_intrinsic = None
     TO_SHARED = None
     _exchange_lock = threading.Lock()
-    _exchanges: dict = {}
 
     class _WarpExchange:
-        """Per-warp meeting point: 32 slots in, one combined result per lane out."""
+        """Per-warp meeting point: 32 slots in, one combined result per lane out. The last
+        lane to post combines; the others wait for the next generation, checking the
+        simulator's abort flag (set when another thread of the block raised) so that a failing
+        kernel ends at once instead of leaving its lanes waiting."""
 
         def __init__(self):
             self.slots = [None] * 32
             self.results = None
-            self.combine = None
-            # The barrier's action runs once, in one thread, after all 32 lanes have posted.
-            self.barrier = threading.Barrier(32, action=self._run, timeout=300)
+            self.posted = 0
+            self.generation = 0
+            self.cond = threading.Condition()
 
-        def _run(self):
-            self.results = self.combine(self.slots)
+        def meet(self, lane, value, combine):
+            thread = threading.current_thread()
+            with self.cond:
+                generation = self.generation
+                self.slots[lane] = value
+                self.posted += 1
+                if self.posted == 32:
+                    self.results = combine(self.slots)
+                    self.posted = 0
+                    self.generation += 1
+                    self.cond.notify_all()
+                while self.generation == generation:
+                    self.cond.wait(0.05)
+                    if getattr(thread, "abort", False):
+                        raise RuntimeError("a simulated thread of this block raised")
+                # The next generation's combine needs this lane's next post, so the results
+                # read here cannot be replaced before this lane has read them.
+                return self.results[lane]
 
     def _install_thread_safe_shared_array():
         """Numba's simulator gives every thread of a block the array that the block's first
@@ -134,15 +152,10 @@ else:
         """Post ``value`` for this simulated lane; ``combine(values_by_lane)`` returns 32 results."""
         thread = threading.current_thread()
         tid = thread.thread_id
-        key = (id(thread._manager), tuple(thread.blockIdx), tid // 32)
-        with _exchange_lock:
-            ex = _exchanges.get(key)
+        with _exchange_lock:     # the block's exchanges live (and die) with its manager
+            exchanges = thread._manager.__dict__.setdefault("_nf_exchanges", {})
+            key = (tuple(thread.blockIdx), tid // 32)
+            ex = exchanges.get(key)
             if ex is None:
-                ex = _exchanges[key] = _WarpExchange()
-        lane = tid % 32
-        ex.slots[lane] = value
-        ex.combine = combine
-        ex.barrier.wait()
-        result = ex.results[lane]
-        ex.barrier.wait()  # nobody starts the next collective before every lane has its result
-        return result
+                ex = exchanges[key] = _WarpExchange()
+        return ex.meet(tid % 32, value, combine)
