@@ -58,7 +58,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
     Parameters
     ----------
     q : array (batch, seqlen_q, heads_q, head_dim)
-    k, v : arrays (batch, seqlen_k, heads_kv, head_dim)
+    k, v : arrays (batch, seqlen_k, heads_kv, head_dim); v may have its own head dim
+        (batch, seqlen_k, heads_kv, head_dim_v), and out then takes it (DeepSeek MLA's 192 / 128;
+        on the GPU the smaller side is zero-padded to the larger, a copy).
         One dtype for all three: float16, bfloat16, float32 or float64. Either all NumPy
         ndarrays (bfloat16 as ``ml_dtypes.bfloat16``), which run in CPU mode, or all GPU arrays
         exposing ``__cuda_array_interface__`` (CuPy arrays, PyTorch CUDA tensors, Numba device
@@ -128,7 +130,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
 
     Returns
     -------
-    out : array (batch, seqlen_q, heads_q, head_dim), same kind and dtype as q
+    out : array (batch, seqlen_q, heads_q, head_dim_v), same kind and dtype as q
     lse : array (batch, heads_q, seqlen_q), float32 (float64 for float64 inputs), only with ``return_lse=True``
         Natural-log log-sum-exp of the scaled, soft-capped visible scores of each query row.
         A query row that sees no key gets ``out = 0`` and ``lse = -inf``.

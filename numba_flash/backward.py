@@ -137,6 +137,11 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
                        backend=backend, stream=stream, alibi_slopes=alibi_slopes,
                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    head_dim_v = problem.infos["v"].shape[-1]
+    if head_dim_v != problem.head_dim:
+        raise NotImplementedError(f"attention_backward takes v with q's head_dim yet, got "
+                                  f"head_dim {problem.head_dim} and v's {head_dim_v} (the "
+                                  f"forward takes them unlike)")
     deterministic = check_bool("deterministic", deterministic)
     _check_saved(problem, describe_all(q=q, dout=dout, out=out, lse=lse))
     if problem.backend == "cpu":

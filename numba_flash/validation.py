@@ -205,12 +205,12 @@ def _check_shapes(infos: dict) -> tuple:
     for name, info, axes in (("q", q, _Q_AXES), ("k", k, _KV_AXES), ("v", v, _KV_AXES)):
         if len(info.shape) != 4:
             raise ValueError(f"{name} must have 4 dimensions {axes}, got shape {info.shape}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape {_KV_AXES}, got k {k.shape} and "
-                         f"v {v.shape}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must have the same (batch, seqlen_k, heads_kv), got k "
+                         f"{k.shape} and v {v.shape} (v's head_dim may differ from k's)")
     batch, seqlen_q, heads_q, head_dim = q.shape
     batch_k, seqlen_k, heads_kv, head_dim_k = k.shape
-    for name, info, axes in (("q", q, _Q_AXES), ("k", k, _KV_AXES)):
+    for name, info, axes in (("q", q, _Q_AXES), ("k", k, _KV_AXES), ("v", v, _KV_AXES)):
         labels = axes.strip("()").split(", ")
         for label, size in zip(labels, info.shape):
             if size < 1:

@@ -164,8 +164,8 @@ def attention_varlen_cpu(q, k, v, varlen: Varlen, *, alibi_slopes=None, score_mo
     """
     from .cpu import attention_cpu, lse_dtype
 
-    total_q, heads_q, head_dim = q.shape
-    out = np.zeros(q.shape, dtype=q.dtype)
+    total_q, heads_q, _ = q.shape
+    out = np.zeros((total_q, heads_q, v.shape[-1]), dtype=q.dtype)
     lse = np.full((heads_q, total_q), -np.inf, dtype=lse_dtype(q.dtype))
     slopes = None if alibi_slopes is None else np.asarray(alibi_slopes, dtype=np.float64)
     for s in range(varlen.batch):

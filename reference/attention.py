@@ -52,11 +52,12 @@ class Problem(NamedTuple):
 
 
 def check_shapes(q_shape, k_shape, v_shape) -> tuple[int, int, int, int, int, int]:
-    """Validate q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D) shapes.
+    """Validate q (B, Sq, Hq, D), k (B, Sk, Hkv, D) and v (B, Sk, Hkv, Dv) shapes (v's head dim
+    may differ from q's and k's, as in DeepSeek MLA's 192 / 128 prefill; out takes Dv).
 
-    Returns ``(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)`` as ints. Raises ValueError
-    naming the argument for a wrong rank, mismatched batch / seqlen_k / heads_kv / head_dim, an
-    empty head dimension, or heads_q not a multiple of heads_kv.
+    Returns ``(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)`` as ints (head_dim of q
+    and k). Raises ValueError naming the argument for a wrong rank, mismatched batch / seqlen_k /
+    heads_kv / q-k head_dim, an empty head dimension, or heads_q not a multiple of heads_kv.
     """
     shapes = {"q": tuple(q_shape), "k": tuple(k_shape), "v": tuple(v_shape)}
     for name, shape in shapes.items():
@@ -71,11 +72,11 @@ def check_shapes(q_shape, k_shape, v_shape) -> tuple[int, int, int, int, int, in
         raise ValueError(f"k and v must have the same seqlen_k, got k {shapes['k']}, v {shapes['v']}")
     if hkv != hv:
         raise ValueError(f"k and v must have the same heads_kv, got k {shapes['k']}, v {shapes['v']}")
-    if not (d == dk == dv):
-        raise ValueError(f"head_dim differs: q {shapes['q']}, k {shapes['k']}, v {shapes['v']} "
-                         f"(expected the same last dimension)")
-    if d < 1:
-        raise ValueError(f"head_dim must be >= 1, got q shape {shapes['q']}")
+    if d != dk:
+        raise ValueError(f"q and k must have the same head_dim, got q {shapes['q']}, k "
+                         f"{shapes['k']} (v's head_dim may differ)")
+    if d < 1 or dv < 1:
+        raise ValueError(f"head dims must be >= 1, got q {shapes['q']}, v {shapes['v']}")
     if hkv < 1 or hq < 1 or hq % hkv:
         raise ValueError(f"heads_q ({hq}) must be a positive multiple of heads_kv ({hkv}) for "
                          f"GQA/MQA; got q {shapes['q']}, k {shapes['k']}")
@@ -355,9 +356,10 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
     Returns out (B, Sq, Hq, D) and lse (B, Hq, Sq), float64.
     """
     b, sq, _, hq, hkv, d = problem[:6]
+    dv = v.shape[-1]
     g = problem.group
     ncols = col_stop - col_start
-    out = np.zeros((b, sq, hq, d))
+    out = np.zeros((b, sq, hq, dv))
     lse = np.full((b, hq, sq), -np.inf)
     if sq == 0 or ncols == 0 or b == 0:
         return out, lse
@@ -372,7 +374,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, problem: Problem,
         rows = r1 - r0
         qc = q[:, r0:r1].astype(np.float64).reshape(b, rows, hkv, g, d).transpose(0, 2, 3, 1, 4)
         o, lc = _softmax_rows(_scores(qc, kt, problem, r0, r1, cols), vt, v_finite)
-        out[:, r0:r1] = o.transpose(0, 3, 1, 2, 4).reshape(b, rows, hq, d)
+        out[:, r0:r1] = o.transpose(0, 3, 1, 2, 4).reshape(b, rows, hq, dv)
         lse[:, :, r0:r1] = lc.reshape(b, hq, rows)
     return out, lse
 

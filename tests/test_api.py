@@ -176,7 +176,7 @@ def test_gpu_arrays_on_different_devices_raise():
      r"q must have 4 dimensions \(batch, seqlen_q, heads_q, head_dim\), got shape \(2, 3, 4\)"),
     (((2, 3, 4, 8), (2, 3, 4, 8, 1), (2, 3, 4, 8)), r"k must have 4 dimensions \(batch, seqlen_k"),
     (((2, 3, 4, 8), (2, 3, 4, 8), (3, 4, 8)), r"v must have 4 dimensions"),
-    (((2, 3, 4, 8), (2, 5, 4, 8), (2, 6, 4, 8)), r"k and v must have the same shape"),
+    (((2, 3, 4, 8), (2, 5, 4, 8), (2, 6, 4, 8)), r"k and v must have the same \(batch, seqlen_k, heads_kv\)"),
     (((2, 3, 4, 8), (3, 5, 4, 8), (3, 5, 4, 8)), r"q and k must have the same batch size"),
     (((2, 3, 4, 8), (2, 5, 4, 6), (2, 5, 4, 6)), r"q and k must have the same head_dim"),
     (((2, 3, 6, 8), (2, 5, 4, 8), (2, 5, 4, 8)), r"heads_q must be a multiple of heads_kv"),

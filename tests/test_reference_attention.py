@@ -224,9 +224,9 @@ def _qkv(b=1, sq=4, sk=5, hq=2, hkv=1, d=3):
     (((1, 4, 2, 3), (2, 5, 1, 3), (1, 5, 1, 3)), r"batch sizes differ"),
     (((1, 4, 2, 3), (1, 5, 1, 3), (1, 6, 1, 3)), r"same seqlen_k"),
     (((1, 4, 2, 3), (1, 5, 1, 3), (1, 5, 2, 3)), r"same heads_kv"),
-    (((1, 4, 2, 3), (1, 5, 1, 4), (1, 5, 1, 4)), r"head_dim differs"),
+    (((1, 4, 2, 3), (1, 5, 1, 4), (1, 5, 1, 4)), r"q and k must have the same head_dim"),
     (((1, 4, 3, 3), (1, 5, 2, 3), (1, 5, 2, 3)), r"heads_q \(3\) must be a positive multiple"),
-    (((1, 4, 2, 0), (1, 5, 1, 0), (1, 5, 1, 0)), r"head_dim must be >= 1"),
+    (((1, 4, 2, 0), (1, 5, 1, 0), (1, 5, 1, 0)), r"head dims must be >= 1"),
 ])
 def test_shape_errors(shapes, match):
     arrays = [np.ones(s) for s in shapes]

@@ -222,6 +222,12 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     miss: the plan is recorded under the signature when the kernel reads exactly those caller
     arrays (cu_seqlens, ALiBi slopes) as they were given.
     """
+    if v.shape[-1] != q.shape[-1]:
+        return _attention_mixed_dims(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                                     window_size=window_size, sinks=sinks, mask=mask,
+                                     softcap=softcap, return_lse=return_lse, stream=stream,
+                                     alibi_slopes=alibi_slopes, varlen=varlen,
+                                     score_mod=score_mod, precision=precision)
     width = padded_head_dim(q.shape[-1])
     if width is not None and array_kind(q) in ("numpy", "cupy", "torch"):
         return _attention_padded(q, k, v, width, softmax_scale=softmax_scale, causal=causal,
@@ -269,6 +275,28 @@ def _attention_padded(q, k, v, width, **options):
     trimmed = empty_like_kind(kind, q, tuple(out.shape[:-1]) + (head_dim,), dtype_name(q))
     trimmed[...] = out[..., :head_dim]
     return (trimmed, result[1]) if options["return_lse"] else trimmed
+
+
+def _attention_mixed_dims(q, k, v, **options):
+    """Attention with v's head dim unlike q's and k's (DeepSeek MLA's 192 / 128, say): the
+    smaller side padded with zero columns to the larger (zero columns change neither q.k nor,
+    once dropped, the output), one kernel call, the output's first head_dim_v columns copied
+    out. The scale is the caller's (default 1/sqrt(head_dim_qk), resolved before)."""
+    kind = array_kind(q)
+    if kind not in ("numpy", "cupy", "torch"):
+        raise NotImplementedError(f"v's head_dim ({v.shape[-1]}) unlike q's ({q.shape[-1]}) "
+                                  f"needs CuPy arrays or torch tensors (padded copies); got "
+                                  f"{type(q).__name__}")
+    head_dim_v = v.shape[-1]
+    width = max(q.shape[-1], head_dim_v)
+    q, k, v = (x if x.shape[-1] == width else pad_head_dim(x, kind, width) for x in (q, k, v))
+    result = attention_cuda(q, k, v, **options)
+    out = result[0] if options["return_lse"] else result
+    if head_dim_v < width:
+        trimmed = empty_like_kind(kind, q, tuple(out.shape[:-1]) + (head_dim_v,), dtype_name(q))
+        trimmed[...] = out[..., :head_dim_v]
+        out = trimmed
+    return (out, result[1]) if options["return_lse"] else out
 
 
 def attention_fast(q, k, v, options, extras, guards, stream):

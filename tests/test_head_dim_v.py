@@ -1,0 +1,79 @@
+"""v's head dim unlike q's and k's (head_dim_v != head_dim_qk, DeepSeek MLA's 192 / 128): the
+reference, CPU mode, packed batches, and the GPU path (zero padding to the larger dim, in the
+simulator on NumPy arrays)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numba_flash
+from numba_flash.cuda.primitives import SIMULATOR
+
+
+def dense(q, k, v, scale, visible):
+    """Float64 attention of (B, Sq, Hq, D) q, (B, Sk, Hkv, D) k and (B, Sk, Hkv, Dv) v."""
+    g = q.shape[2] // k.shape[2]
+    kk, vv = (np.repeat(x.astype(np.float64), g, axis=2) for x in (k, v))
+    s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), kk) * scale
+    s = np.where(visible, s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", p, vv)
+
+
+def _inputs(rng, dqk, dv, dtype=np.float32, b=2, sq=9, sk=13, hq=4, hkv=2):
+    q = rng.standard_normal((b, sq, hq, dqk)).astype(dtype)
+    k = rng.standard_normal((b, sk, hkv, dqk)).astype(dtype)
+    v = rng.standard_normal((b, sk, hkv, dv)).astype(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dqk,dv", [(24, 16), (16, 40)])
+def test_cpu_mode(dqk, dv):
+    q, k, v = _inputs(np.random.default_rng(dqk + dv), dqk, dv)
+    out, lse = numba_flash.attention(q, k, v, causal=True, return_lse=True)
+    assert out.shape == (2, 9, 4, dv) and out.dtype == np.float32 and lse.shape == (2, 4, 9)
+    visible = np.tril(np.ones((9, 13), bool), 13 - 9)
+    np.testing.assert_allclose(out, dense(q, k, v, dqk ** -0.5, visible), rtol=0, atol=2e-6)
+    # the scale's default is 1/sqrt(head_dim_qk): lse is v's business not at all
+    _, lse_same = numba_flash.attention(q, k, k, causal=True, return_lse=True)
+    np.testing.assert_array_equal(lse, lse_same)
+
+
+def test_packed_batch_cpu_mode():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((11, 2, 16)).astype(np.float32)
+    k = rng.standard_normal((15, 1, 16)).astype(np.float32)
+    v = rng.standard_normal((15, 1, 8)).astype(np.float32)
+    cu_q, cu_k = np.array([0, 4, 11], np.int32), np.array([0, 6, 15], np.int32)
+    out = numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True)
+    assert out.shape == (11, 2, 8)
+    for s in range(2):
+        rq, rk = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
+        nq, nk = rq.stop - rq.start, rk.stop - rk.start
+        expect = dense(q[None, rq], k[None, rk], v[None, rk], 0.25,
+                       np.tril(np.ones((nq, nk), bool), nk - nq))
+        np.testing.assert_allclose(out[rq], expect[0], rtol=0, atol=2e-6)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="NumPy arrays reach the kernels only in the simulator")
+@pytest.mark.parametrize("dqk,dv", [(32, 16), (16, 32)])
+def test_kernels_by_padding(dqk, dv):
+    q, k, v = _inputs(np.random.default_rng(7), dqk, dv, b=1, sq=9, sk=11, hq=2, hkv=1)
+    out, lse = numba_flash.attention(q, k, v, causal=True, return_lse=True, backend="cuda")
+    ref, ref_lse = numba_flash.attention(q, k, v, causal=True, return_lse=True)
+    assert out.shape == ref.shape == (1, 9, 2, dv)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-6, atol=1e-6)
+
+
+def test_mismatches_are_named():
+    q, k, v = _inputs(np.random.default_rng(1), 16, 8)
+    with pytest.raises(ValueError, match=r"k and v must have the same \(batch, seqlen_k, "
+                                         r"heads_kv\).*v's head_dim may differ"):
+        numba_flash.attention(q, k, v[:, :5])
+    with pytest.raises(ValueError, match="q and k must have the same head_dim"):
+        numba_flash.attention(q, k[..., :8], v)
+    out, lse = numba_flash.attention(q, k, v, return_lse=True)
+    with pytest.raises(NotImplementedError, match="attention_backward takes v with q's head_dim"):
+        numba_flash.attention_backward(np.ones_like(out), q, k, v, out, lse)
