@@ -326,14 +326,15 @@ def _main_kernels(call, deterministic, dkdv_args, dq_args):
 
 def _check_rows_aligned(**arrays):
     """The 16-bit kernels copy rows in 16-byte pieces (cp.async): pointers and the strides of
-    the first three axes must be multiples of 16 bytes."""
+    every axis but head_dim must be multiples of 16 bytes (three axes, two for a packed
+    batch's (total, heads, head_dim) arrays)."""
     if SIMULATOR:
         return
     for name, x in arrays.items():
         ptr, _, strides, _, _ = interface(x, array_kind(x))
-        if ptr % 16 or any(st % 16 for st in strides[:3]):
-            raise ValueError(f"{name} must be 16-byte aligned (pointer and the strides of its "
-                             f"first three axes) for the 16-bit backward, got strides "
+        if ptr % 16 or any(st % 16 for st in strides[:-1]):
+            raise ValueError(f"{name} must be 16-byte aligned (pointer and the strides of the "
+                             f"axes before head_dim) for the 16-bit backward, got strides "
                              f"{tuple(strides)} bytes; make a contiguous copy")
 
 
