@@ -31,15 +31,18 @@ def _load_backward_cuda():
 
 
 def _check_saved(problem, infos: dict) -> None:
-    """dout and out shaped and typed like q; lse (batch, heads_q, seqlen_q), or (heads_q,
-    total_q) for a packed batch, float32 or float64. Errors name the argument, what was given
-    and what was expected."""
+    """dout and out shaped like q but with v's head dim, typed like q; lse (batch, heads_q,
+    seqlen_q), or (heads_q, total_q) for a packed batch, float32 or float64. Errors name the
+    argument, what was given and what was expected."""
     q_info = problem.infos["q"]
     q_shape = q_info.shape[1:] if problem.varlen is not None else q_info.shape
+    out_shape = q_shape[:-1] + (problem.infos["v"].shape[-1],)
     for name in ("dout", "out"):
         info = infos[name]
-        if info.shape != q_shape:
-            raise ValueError(f"{name} must have q's shape {q_shape}, got {info.shape}")
+        if info.shape != out_shape:
+            mixed = "" if out_shape == q_shape else " (q's with v's head_dim)"
+            raise ValueError(f"{name} must have the forward output's shape {out_shape}{mixed}, "
+                             f"got {info.shape}")
         if dtype_name(info.dtype) != dtype_name(problem.dtype):
             raise TypeError(f"{name} must have q's dtype {dtype_name(problem.dtype)}, got "
                             f"{dtype_name(info.dtype)}")
@@ -60,6 +63,26 @@ def _check_saved(problem, infos: dict) -> None:
                         f"{dtype_name(lse.dtype)}")
 
 
+def _pad_columns(x, width: int):
+    """``x`` (..., d) with zero columns up to ``width``, of x's kind (NumPy, CuPy, torch)."""
+    if x.shape[-1] == width:
+        return x
+    if isinstance(x, np.ndarray):
+        return np.concatenate([x, np.zeros(x.shape[:-1] + (width - x.shape[-1],), x.dtype)],
+                              axis=-1)
+    from .cuda.launch.arrays import array_kind, pad_head_dim
+
+    return pad_head_dim(x, array_kind(x), width)
+
+
+def _first_columns(x, n: int):
+    """A contiguous copy of ``x[..., :n]`` (x itself when it has n columns)."""
+    if x.shape[-1] == n:
+        return x
+    part = x[..., :n]
+    return part.copy() if hasattr(part, "copy") else part.contiguous()
+
+
 def _backward_cpu(dout, q, k, v, problem) -> tuple:
     """Exact float64 gradients by the dense reference, each rounded once to q's dtype."""
     from numba_flash_reference.backward import (attention_backward_reference,
@@ -74,7 +97,8 @@ def _backward_cpu(dout, q, k, v, problem) -> tuple:
                                           problem.varlen.host_k, **options)
     else:
         grads = attention_backward_reference(dout, q, k, v, **options)
-    return tuple(round_to(g, problem.dtype).astype(problem.dtype) for g in grads)
+    return tuple(np.ascontiguousarray(round_to(g, problem.dtype).astype(problem.dtype))
+                 for g in grads)
 
 
 def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=False,
@@ -86,11 +110,13 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
 
     Parameters
     ----------
-    dout : array (batch, seqlen_q, heads_q, head_dim)
-        Upstream gradient of the loss with respect to ``out``; q's dtype and kind.
+    dout : array (batch, seqlen_q, heads_q, head_dim_v)
+        Upstream gradient of the loss with respect to ``out``; q's dtype and kind. (v's head
+        dim may differ from q's, as in the forward; the call then pads every array with zero
+        columns to the larger dim, copies, and returns gradients of the callers' shapes.)
     q, k, v : arrays as for ``numba_flash.attention`` (float16, bfloat16, float32 or float64;
         all NumPy (CPU mode) or all GPU arrays).
-    out : array (batch, seqlen_q, heads_q, head_dim), q's dtype
+    out : array (batch, seqlen_q, heads_q, head_dim_v), q's dtype
         The forward's output.
     lse : array (batch, heads_q, seqlen_q), float32 (or float64)
         The forward's log-sum-exp (``return_lse=True``). With ``cu_seqlens``: dout, q, out are
@@ -137,13 +163,20 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
                        backend=backend, stream=stream, alibi_slopes=alibi_slopes,
                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    head_dim_v = problem.infos["v"].shape[-1]
-    if head_dim_v != problem.head_dim:
-        raise NotImplementedError(f"attention_backward takes v with q's head_dim yet, got "
-                                  f"head_dim {problem.head_dim} and v's {head_dim_v} (the "
-                                  f"forward takes them unlike)")
     deterministic = check_bool("deterministic", deterministic)
     _check_saved(problem, describe_all(q=q, dout=dout, out=out, lse=lse))
+    if problem.infos["v"].shape[-1] != problem.head_dim:
+        width = max(problem.head_dim, problem.infos["v"].shape[-1])
+        # v's head dim unlike q's: every array padded with zero columns to the larger dim
+        # (zero columns add nothing to q.k, dO.v or dO.O, and their gradients are dropped).
+        padded = [_pad_columns(x, width) for x in (dout, q, k, v, out)]
+        grads = attention_backward(*padded, lse, softmax_scale=problem.softmax_scale,
+                                   causal=causal, window_size=window_size, sinks=sinks,
+                                   mask=mask, softcap=softcap, alibi_slopes=alibi_slopes,
+                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                   deterministic=deterministic, backend=backend, stream=stream)
+        return tuple(_first_columns(g, x.shape[-1]) for g, x in zip(grads, (q, k, v)))
     if problem.backend == "cpu":
         return _backward_cpu(dout, q, k, v, problem)
     backward_cuda = _load_backward_cuda()

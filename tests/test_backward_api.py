@@ -97,9 +97,9 @@ def _replace(call, index, value):
 
 
 @pytest.mark.parametrize("index,value,error,pattern", [
-    (0, np.ones((2, 6, 4, 8), np.float32), ValueError, r"dout must have q's shape \(2, 7, 4, 8\)"),
+    (0, np.ones((2, 6, 4, 8), np.float32), ValueError, r"dout must have the forward output's shape \(2, 7, 4, 8\)"),
     (0, np.ones((2, 7, 4, 8), np.float64), TypeError, "dout must have q's dtype float32, got float64"),
-    (4, np.ones((2, 7, 4, 9), np.float32), ValueError, "out must have q's shape"),
+    (4, np.ones((2, 7, 4, 9), np.float32), ValueError, "out must have the forward output's shape"),
     (4, np.ones((2, 7, 4, 8), np.float16), TypeError, "out must have q's dtype"),
     (5, np.ones((2, 4, 6), np.float32), ValueError,
      r"lse must have shape \(batch, heads_q, seqlen_q\) = \(2, 4, 7\), got \(2, 4, 6\)"),

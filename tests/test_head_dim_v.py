@@ -1,6 +1,6 @@
 """v's head dim unlike q's and k's (head_dim_v != head_dim_qk, DeepSeek MLA's 192 / 128): the
 reference, CPU mode, packed batches, and the GPU path (zero padding to the larger dim, in the
-simulator on NumPy arrays)."""
+simulator on NumPy arrays), forward and backward."""
 from __future__ import annotations
 
 import numpy as np
@@ -75,5 +75,42 @@ def test_mismatches_are_named():
     with pytest.raises(ValueError, match="q and k must have the same head_dim"):
         numba_flash.attention(q, k[..., :8], v)
     out, lse = numba_flash.attention(q, k, v, return_lse=True)
-    with pytest.raises(NotImplementedError, match="attention_backward takes v with q's head_dim"):
-        numba_flash.attention_backward(np.ones_like(out), q, k, v, out, lse)
+    with pytest.raises(ValueError, match=r"dout must have the forward output's shape "
+                                         r"\(2, 9, 4, 8\) \(q's with v's head_dim\)"):
+        numba_flash.attention_backward(np.ones(q.shape, q.dtype), q, k, v, out, lse)
+
+
+def dense_grads(q, k, v, dout, scale, visible):
+    """dq, dk, dv of dense float64 attention (GQA: dk, dv summed over each group)."""
+    g = q.shape[2] // k.shape[2]
+    q, k, v, dout = (x.astype(np.float64) for x in (q, k, v, dout))
+    kk, vv = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.where(visible, np.einsum("bqhd,bkhd->bhqk", q, kk) * scale, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, vv)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    dq = scale * np.einsum("bhqk,bkhd->bqhd", ds, kk)
+    dk = scale * np.einsum("bhqk,bqhd->bkhd", ds, q)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, dout)
+    fold = lambda x: x.reshape(x.shape[:2] + (k.shape[2], g, x.shape[3])).sum(axis=3)  # noqa
+    return dq, fold(dk), fold(dv)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+@pytest.mark.parametrize("dqk,dv", [(32, 16), (16, 32)])
+def test_backward(backend, dqk, dv):
+    """Gradients with v's head dim unlike q's (every array padded to the larger dim), in CPU
+    mode and on the kernels (simulator), against a dense float64 computation."""
+    if backend == "cuda" and not SIMULATOR:
+        pytest.skip("NumPy arrays reach the kernels only in the simulator")
+    rng = np.random.default_rng(dqk * 3 + dv)
+    q, k, v = _inputs(rng, dqk, dv, b=1, sq=9, sk=11, hq=2, hkv=1)
+    dout = rng.standard_normal(q.shape[:3] + (dv,)).astype(np.float32)
+    out, lse = numba_flash.attention(q, k, v, causal=True, return_lse=True)
+    grads = numba_flash.attention_backward(dout, q, k, v, out, lse, causal=True,
+                                           backend=backend)
+    expect = dense_grads(q, k, v, dout, dqk ** -0.5, np.tril(np.ones((9, 11), bool), 2))
+    for g, e, like in zip(grads, expect, (q, k, v)):
+        assert g.shape == like.shape and g.dtype == np.float32 and g.flags.c_contiguous
+        np.testing.assert_allclose(g, e, rtol=0, atol=1e-5 * np.abs(e).max())
