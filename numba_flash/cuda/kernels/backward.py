@@ -155,6 +155,18 @@ def block_sequence(varlen, cu_q, cu_k, b, total_q, total_k, seqlen_q, seqlen_k):
 
 
 @cuda.jit(device=True, inline=True)
+def block_table_and_slope(has_alibi, alibi, mk_tab, b, h, dtype):
+    """``(tb, slope)`` of the block (b, h): its slab of the mask's class table (0 for a table
+    shared by every batch entry and head) and its ALiBi slope as ``dtype`` (0 without
+    ``has_alibi``; alibi (1 or B, Hq))."""
+    tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+    slope = dtype(0.0)
+    if has_alibi:
+        slope = dtype(alibi[min(b, alibi.shape[0] - 1), h])
+    return tb, slope
+
+
+@cuda.jit(device=True, inline=True)
 def load_tile(dst, src, b, r0, h, limit, tid, nthreads):
     """Cooperative copy of rows r0.. of ``src[b, :, h, :]`` into the shared tile ``dst`` (rows,
     at least W columns: a padded tile keeps its pad); rows at or past ``limit`` become zeros."""
@@ -427,10 +439,7 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
             return
         key = k0 + tid // TP
         offset = seqlen_k - seqlen_q
-        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
-        slope = npdt(0.0)
-        if ALIBI:
-            slope = npdt(alibi[min(b, alibi.shape[0] - 1), h])
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, npdt)
         qs = cuda.shared.array((BM, D), dt)
         dos = cuda.shared.array((BM, D), dt)
         ls = cuda.shared.array(BM, dt)
@@ -526,10 +535,7 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
         row = r0 + tid // TP
         ok = row < seqlen_q
         offset = seqlen_k - seqlen_q
-        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
-        slope = npdt(0.0)
-        if ALIBI:
-            slope = npdt(alibi[min(b, alibi.shape[0] - 1), h])
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, npdt)
         ks = cuda.shared.array((BN, D), dt)
         vs = cuda.shared.array((BN, D), dt)
         qr = cuda.local.array(E, dt)
@@ -868,10 +874,8 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
             VARLEN, cu_q, cu_k, b, q.shape[1], k.shape[1], seqlen_q, seqlen_k)
         if VARLEN and k0 >= seqlen_k:
             return
-        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
-        slope_log2 = np.float32(0.0)
-        if ALIBI:
-            slope_log2 = np.float32(alibi[min(b, alibi.shape[0] - 1), h]) * np.float32(LOG2E)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, np.float32)
+        slope_log2 = slope * np.float32(LOG2E)
         where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         dyn = cuda.shared.array(0, u32)
         dynf = cuda.shared.array(0, f32)
@@ -998,10 +1002,8 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
             return
         r1 = min(r0 + BM, seqlen_q)
         offset = seqlen_k - seqlen_q
-        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
-        slope_log2 = np.float32(0.0)
-        if ALIBI:
-            slope_log2 = np.float32(alibi[min(b, alibi.shape[0] - 1), h]) * np.float32(LOG2E)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, np.float32)
+        slope_log2 = slope * np.float32(LOG2E)
         where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         qs = cuda.shared.array((BM, DWP), u32)
         dos = cuda.shared.array((BM, DWP), u32)
