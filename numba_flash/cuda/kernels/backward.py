@@ -48,7 +48,7 @@ from ..primitives import (cp_async16, cp_async16_at, cp_async_commit, cp_async_w
                           shared_view, shfl_xor, unpack16)
 from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, MASK_MOD, NONE, bit_visible, key_tiles,
-                      mask_mod_device, tile_class)
+                      mask_mod_device, past_sinks, tile_class)
 from .sequences import packed_sequence
 from .tile_ops import window_visible
 from .tile_classes import FULL, SKIP
@@ -569,9 +569,7 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
                                             has_right, has_sinks, wl, wr, sinks, KIND, lts, lte,
                                             uts, ute, b, h, mk_bits, mod):
                         axpy(dq_r, ds, ks, c, c0, E)
-            tile += 1
-            if has_sinks and tile >= sink_tiles and tile < tile_lo:
-                tile = tile_lo
+            tile = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
         store_share(dq, ab, q_off + row, h, c0, dq_r, scale, E, ok)
 
     return jit_kernel(kernel, ("bwd_fma_dq", D, bool(is_f64), *flags, has_softcap, KIND, TP,
@@ -1038,9 +1036,7 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
                             scale_log2, cap_in, cap_log2, has_softcap, BF16, full, where, has_left,
                             has_right, has_sinks, KIND, mk_iv, mk_bits, mod, ALIBI, slope_log2)
                 mma_pb(dq, BF16, pkd, ks, 0, NPK, NPD, 0, lane)            # dQ += dS K
-            tile += 1
-            if has_sinks and tile >= sink_tiles and tile < tile_lo:
-                tile = tile_lo
+            tile = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
         store_fragments(dq_acc, ab, q_off + r0 + 16 * warp, h, dq, scale, q_off + seqlen_q, 0,
                         D // 8, lane, False)
 

@@ -24,7 +24,7 @@ from numba.cuda import types
 
 from ..primitives import SIMULATOR, mma_f64, shfl_xor, syncwarp
 from .jitcache import jit_kernel
-from .masking import key_tiles
+from .masking import key_tiles, past_sinks
 from .tile_ops import load_kv_tile, masked_score
 
 __all__ = ["make_dmma_kernel", "dmma_supported", "DMMA_BLOCK_M", "DMMA_THREADS", "DMMA_BLOCK_N"]
@@ -90,8 +90,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
         tile_lo, tile_hi, tile, last, sink_tiles = key_tiles(
             q_lo, q_hi, seqlen_k, BN, has_left, has_right, has_sinks, window_left, window_right,
             sinks)
-        if has_sinks and tile >= sink_tiles and tile < tile_lo:
-            tile = tile_lo
+        tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
         while tile <= last:
             k0 = tile * BN
             load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 2)
@@ -133,10 +132,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
                     o[2 * n], o[2 * n + 1] = mma_f64(a0, vs[kk * 4 + t, n * 8 + g],
                                                      o[2 * n], o[2 * n + 1])
             syncwarp()                           # P read before the next tile overwrites it
-            nxt = tile + 1
-            if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
-                nxt = tile_lo
-            tile = nxt
+            tile = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
         if row < seqlen_q:
             inv = 1.0 / l if l != 0 else 0.0     # a NaN l stays NaN (docs/api.md)
             for n in range(ND):

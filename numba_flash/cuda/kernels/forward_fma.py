@@ -25,7 +25,7 @@ from ..primitives import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_
 from .forward_geometry import fma_lanes_per_row, fma_rows_per_lane, fma_threads
 from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, NONE, bit_visible, chunk_classes, interval_visible,
-                      key_tiles, mask_mod_device, score_mod_device)
+                      key_tiles, mask_mod_device, past_sinks, score_mod_device)
 from .sequences import packed_sequence
 from .tile_ops import window_visible
 
@@ -369,8 +369,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         # Tile walk as in the tensor-core kernel: flag ranges, and for a mask object 32 tiles
         # classified at once (warp votes; both warps compute the same sets).
         tile = first
-        if has_sinks and tile >= sink_tiles and tile < tile_lo:
-            tile = tile_lo
+        tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
         base = tile
         vbits = np.int64(0)
         fbits = np.int64(0)
@@ -379,8 +378,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                                          tile_hi, sink_tiles, r_lo, r_hi)
             while vbits == 0 and base + 32 <= last:
                 base += 32
-                if has_sinks and base >= sink_tiles and base < tile_lo:
-                    base = tile_lo
+                base = past_sinks(base, tile_lo, sink_tiles, has_sinks)
                 vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
                                              tile_hi, sink_tiles, r_lo, r_hi)
             tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
@@ -389,16 +387,13 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                             COPY_EXACT, BN, CPR, CH)
 
         while tile <= last:
-            nxt = tile + 1
-            if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
-                nxt = tile_lo
+            nxt = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
             if KIND != NONE:
                 mask_full = ((fbits >> (tile - base)) & 1) != 0
                 vbits &= vbits - 1
                 while vbits == 0 and base + 32 <= last:
                     base += 32
-                    if has_sinks and base >= sink_tiles and base < tile_lo:
-                        base = tile_lo
+                    base = past_sinks(base, tile_lo, sink_tiles, has_sinks)
                     vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
                                                  tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
                 nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1

@@ -26,7 +26,7 @@ from .forward_mma_tiles import (copy_coords, copy_k_stage, copy_rows, exp_and_pa
                                 update_row_max, wgmma_tiles)
 from .jitcache import jit_kernel
 from .masking import (INTERVALS, LOG2E, NONE, chunk_classes, key_tiles, mask_mod_device,
-                      score_mod_device)
+                      past_sinks, score_mod_device)
 from .sequences import packed_sequence
 
 __all__ = ["make_mma_kernel"]
@@ -233,8 +233,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                                          tile_hi, sink_tiles, r_lo, r_hi)
             while vbits == 0 and base + 32 <= last:
                 base += 32
-                if has_sinks and base >= sink_tiles and base < tile_lo:
-                    base = tile_lo
+                base = past_sinks(base, tile_lo, sink_tiles, has_sinks)
                 vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
                                              tile_hi, sink_tiles, r_lo, r_hi)
             tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
@@ -247,16 +246,13 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                          mk_iv, tid, THREADS, IV_PER_THREAD, BN, IV_SMEM)
 
         while tile <= last:
-            nxt = tile + 1
-            if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
-                nxt = tile_lo
+            nxt = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
             if KIND != NONE:
                 mask_full = ((fbits >> (tile - base)) & 1) != 0
                 vbits &= vbits - 1          # drop this tile; the next set bit is nxt
                 while vbits == 0 and base + 32 <= last:
                     base += 32
-                    if has_sinks and base >= sink_tiles and base < tile_lo:
-                        base = tile_lo
+                    base = past_sinks(base, tile_lo, sink_tiles, has_sinks)
                     vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
                                                  tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
                 nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1

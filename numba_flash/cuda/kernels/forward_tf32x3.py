@@ -37,7 +37,7 @@ from numba.cuda import types
 
 from ..primitives import SIMULATOR, mma_tf32, shfl_xor, split_tf32, syncwarp
 from .jitcache import jit_kernel
-from .masking import key_tiles
+from .masking import key_tiles, past_sinks
 from .tile_ops import load_kv_tile, masked_score
 
 __all__ = ["make_tf32x3_kernel", "tf32x3_supported", "tf32x3_geometry", "TF32_BLOCK_N"]
@@ -143,8 +143,7 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
         tile_lo, tile_hi, tile, last, sink_tiles = key_tiles(
             q_lo, q_hi, seqlen_k, BN, has_left, has_right, has_sinks, window_left, window_right,
             sinks)
-        if has_sinks and tile >= sink_tiles and tile < tile_lo:
-            tile = tile_lo
+        tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
         while tile <= last:
             k0 = tile * BN
             load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 4)
@@ -213,10 +212,7 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
                 o[4 * n + 2] = o[4 * n + 2] * alpha1 + d2
                 o[4 * n + 3] = o[4 * n + 3] * alpha1 + d3
             syncwarp()
-            nxt = tile + 1
-            if has_sinks and nxt >= sink_tiles and nxt < tile_lo:
-                nxt = tile_lo
-            tile = nxt
+            tile = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
         for half in range(2):
             row = row0 + 8 * half
             l = l0 if half == 0 else l1

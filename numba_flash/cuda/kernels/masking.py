@@ -13,6 +13,7 @@ from ..primitives import SIMULATOR, ballot
 from .tile_classes import FULL, SKIP, interval_class
 
 __all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes", "key_tiles",
+           "past_sinks",
            "interval_visible", "interval_visible2", "bit_visible", "always_visible",
            "score_unchanged", "mask_mod_device", "score_mod_device", "LOG2E", "LN2"]
 
@@ -48,6 +49,16 @@ def key_tiles(q_lo, q_hi, seqlen_k, block_n, has_left, has_right, has_sinks, win
             first = 0
             last = max(tile_hi, sink_tiles - 1)
     return tile_lo, tile_hi, first, last, sink_tiles
+
+
+@cuda.jit(device=True, inline=True)
+def past_sinks(tile, tile_lo, sink_tiles, has_sinks):
+    """Where ``key_tiles``' walk goes on from ``tile``: a tile between the sink tiles and the
+    window (``sink_tiles <= tile < tile_lo``) holds no visible pair, so the walk jumps to
+    ``tile_lo``; any other tile is itself."""
+    if has_sinks and tile >= sink_tiles and tile < tile_lo:
+        tile = tile_lo
+    return tile
 
 
 @cuda.jit(device=True, inline=True)
