@@ -93,14 +93,14 @@ def decode_cpu(q, k_cache, v_cache, cache_seqlens, block_table, *, softmax_scale
                window_size, sinks, mask, softcap, return_lse):
     """Decode on NumPy arrays through the float64 reference, one sequence at a time.
 
-    Shapes as ``decode``; returns out (B, Sq, Hq, D) in q's dtype (rounded once) and, with
-    return_lse, lse float32 (B, Hq, Sq).
+    Shapes as ``decode``; returns out (B, Sq, Hq, Dv) in q's dtype (rounded once; Dv: v_cache's
+    head dim) and, with return_lse, lse float32 (B, Hq, Sq).
     """
     from numba_flash_reference.attention import attention as reference
     from numba_flash_reference.precision import round_to
 
     batch, seqlen_q, heads_q, head_dim = q.shape
-    out64 = np.zeros(q.shape)
+    out64 = np.zeros((batch, seqlen_q, heads_q, v_cache.shape[-1]))
     lse64 = np.full((batch, heads_q, seqlen_q), -np.inf)
     for b in range(batch):
         n = int(cache_seqlens[b])
@@ -195,6 +195,11 @@ def decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, softmax
     tree = mask if isinstance(mask, TreeMask) else None
     if chosen == "cuda":
         _check_gpu_mask(mask, tree)
+        if infos["v_cache"].shape[3] != geometry.head_dim:
+            raise NotImplementedError(f"decode on the GPU takes v_cache with k_cache's head_dim "
+                                      f"(padding a KV cache would copy it at every call), got "
+                                      f"{geometry.head_dim} and {infos['v_cache'].shape[3]}; "
+                                      f"CPU mode takes them unlike")
     if kind == "numpy" or check_inputs:
         _check_indices(infos, cache_seqlens, block_table, geometry, tree)
     if cache_seqlens is not None:
@@ -242,9 +247,9 @@ def _check_geometry(infos: dict, paged: bool) -> _Geometry:
                                ("v_cache", vi, _PAGED if paged else _KV)):
         if len(info.shape) != 4:
             raise ValueError(f"{name} must have 4 dimensions {layout}, got shape {info.shape}")
-    if ki.shape != vi.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {ki.shape} and "
-                         f"{vi.shape}")
+    if ki.shape[:3] != vi.shape[:3]:
+        raise ValueError(f"k_cache and v_cache must have the same shape but for head_dim, got "
+                         f"{ki.shape} and {vi.shape}")
     batch, seqlen_q, heads_q, head_dim = qi.shape
     if min(qi.shape) < 1 or min(ki.shape) < 1:
         raise ValueError(f"q and k_cache must have every dimension >= 1, got q {qi.shape} and "

@@ -114,3 +114,23 @@ def test_backward(backend, dqk, dv):
     for g, e, like in zip(grads, expect, (q, k, v)):
         assert g.shape == like.shape and g.dtype == np.float32 and g.flags.c_contiguous
         np.testing.assert_allclose(g, e, rtol=0, atol=1e-5 * np.abs(e).max())
+
+
+def test_decode_cpu_mode_and_gpu_refusal():
+    """decode takes v_cache with its own head dim in CPU mode (the same answer as attention on
+    the cache's filled rows); on the GPU it refuses (padding a cache would copy it per call)."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 1, 4, 16)).astype(np.float32)
+    k_cache = rng.standard_normal((2, 20, 2, 16)).astype(np.float32)
+    v_cache = rng.standard_normal((2, 20, 2, 8)).astype(np.float32)
+    lens = np.array([13, 20], np.int32)
+    out = numba_flash.decode(q, k_cache, v_cache, cache_seqlens=lens)
+    assert out.shape == (2, 1, 4, 8)
+    for b in range(2):
+        expect = numba_flash.attention(q[b:b + 1], k_cache[b:b + 1, :lens[b]],
+                                       v_cache[b:b + 1, :lens[b]])
+        np.testing.assert_allclose(out[b:b + 1], expect, rtol=0, atol=1e-6)
+    if SIMULATOR:
+        with pytest.raises(NotImplementedError, match="decode on the GPU takes v_cache with "
+                                                      "k_cache's head_dim"):
+            numba_flash.decode(q, k_cache, v_cache, cache_seqlens=lens, backend="cuda")
