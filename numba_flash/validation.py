@@ -289,7 +289,9 @@ def _check_alibi(alibi_slopes, kind: str, batch: int, heads_q: int):
 
 
 PRECISIONS = ("auto", "ieee", "tensor_cores")
-# Head dims (after the GPU's zero padding to 32 / 64 / 96 / 128) of the exact tensor-core kernels
+# Head dims (after the GPU's zero padding to 32 / 64 / 96 / 128) of the exact tensor-core kernels:
+# kernels/forward_dmma.dmma_supported and forward_tf32x3.tf32x3_supported, restated here so that
+# validation imports nothing of numba.cuda (launch/attention.tensor_core_kernel asks them).
 _TENSOR_CORE_MAX_HEAD_DIM = {"float32": 96, "float64": 128}
 
 

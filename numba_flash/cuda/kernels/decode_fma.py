@@ -41,7 +41,7 @@ from numba import cuda
 from numba.cuda import types
 
 from ..primitives import exp2, ld_v4, pack16, shfl_xor, unpack16
-from .decode_split import cache_slot, split_keys
+from .decode_split import cache_slot, split_keys, window_visible_decode
 from .jitcache import jit_kernel
 
 __all__ = ["make_decode_kernel", "decode_kernel", "decode_geometry", "tree_visible", "DECODE_WARPS",
@@ -204,14 +204,8 @@ def mask_scores(sc, qpos, rmask0, rmask1, base, kg, ns, lo, v_end, tree_start, s
             if has_softcap:
                 x = cap_out * math.tanh(cap_in * x)
             qp = qpos[i]
-            vis = inrange
-            if has_right:
-                vis = vis and kpos <= qp + window_right
-            if has_left:
-                inwin = kpos >= qp - window_left
-                if has_sinks:
-                    inwin = inwin or (kpos < sinks and kpos <= qp)
-                vis = vis and inwin
+            vis = window_visible_decode(inrange, kpos, qp, window_left, window_right, sinks,
+                                        has_left, has_right, has_sinks)
             if has_tree:
                 vis = tree_visible(vis, kpos, qp, tree_start, rmask0[i], rmask1[i])
             if not vis:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-__all__ = ["split_keys", "cache_slot"]
+__all__ = ["split_keys", "cache_slot", "window_visible_decode"]
 
 
 @cuda.jit(device=True, inline=True)
@@ -71,3 +71,20 @@ def cache_slot(paged, key, ok, b, block_table, n_pages, page_size, page_shift):
             ok = False
         return page, row, ok
     return b, key, ok
+
+
+@cuda.jit(device=True, inline=True)
+def window_visible_decode(vis, kpos, qp, window_left, window_right, sinks, has_left, has_right,
+                          has_sinks):
+    """``vis`` (the key is in range) and the flags' window for the query at position ``qp``
+    and the key at ``kpos``: at most ``window_right`` keys ahead, at most ``window_left``
+    behind unless a sink (``kpos < sinks``, not after the query; sinks come with a left
+    bound). decode_mma.py writes the same test out (see there)."""
+    if has_right:
+        vis = vis and kpos <= qp + window_right
+    if has_left:
+        inwin = kpos >= qp - window_left
+        if has_sinks:
+            inwin = inwin or (kpos < sinks and kpos <= qp)
+        vis = vis and inwin
+    return vis

@@ -222,14 +222,8 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     miss: the plan is recorded under the signature when the kernel reads exactly those caller
     arrays (cu_seqlens, ALiBi slopes) as they were given.
     """
-    if v.shape[-1] != q.shape[-1]:
-        return _attention_mixed_dims(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                                     window_size=window_size, sinks=sinks, mask=mask,
-                                     softcap=softcap, return_lse=return_lse, stream=stream,
-                                     alibi_slopes=alibi_slopes, varlen=varlen,
-                                     score_mod=score_mod, precision=precision)
-    width = padded_head_dim(q.shape[-1])
-    if width is not None and array_kind(q) in ("numpy", "cupy", "torch"):
+    width = _kernel_head_dim(q.shape[-1], v.shape[-1])
+    if width is not None and (array_kind(q) in _PADDABLE or v.shape[-1] != q.shape[-1]):
         return _attention_padded(q, k, v, width, softmax_scale=softmax_scale, causal=causal,
                                  window_size=window_size, sinks=sinks, mask=mask,
                                  softcap=softcap, return_lse=return_lse, stream=stream,
@@ -262,38 +256,37 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     return (out, lse) if p.return_lse else out
 
 
+_PADDABLE = ("numpy", "cupy", "torch")     # array kinds that pad_head_dim copies
+
+
+def _kernel_head_dim(head_dim: int, head_dim_v: int):
+    """The head dim the kernels run a call at when q, k, v cannot go as given, else None: a
+    head dim no kernel takes (a multiple of 8 up to 256) rises to the next one
+    (``padded_head_dim``); with v's head dim unlike q's (DeepSeek MLA's 192 / 128) both sides
+    go to the larger, raised the same way."""
+    if head_dim == head_dim_v:
+        return padded_head_dim(head_dim)
+    wide = max(head_dim, head_dim_v)
+    return padded_head_dim(wide) or wide
+
+
 def _attention_padded(q, k, v, width, **options):
-    """Attention at a head dim no kernel takes as it is (a multiple of 8 up to 256): q, k, v
-    padded with zero columns to ``width`` (zero columns add nothing to q.k, and the output's
-    extra columns are dropped), then the result copied back to the caller's head dim. The
-    softmax scale is the caller's (default 1/sqrt of the real head dim), resolved before."""
+    """Attention at the kernel head dim ``width`` (``_kernel_head_dim``): q, k, v padded with
+    zero columns to it (zero columns add nothing to q.k, and the output's extra columns are
+    dropped), then the output's first head_dim_v columns copied out. The softmax scale is the
+    caller's (default 1/sqrt of q's real head dim), resolved before."""
     kind = array_kind(q)
-    head_dim = q.shape[-1]
-    padded = [pad_head_dim(x, kind, width) for x in (q, k, v)]
+    if kind not in _PADDABLE:
+        raise NotImplementedError(f"v's head_dim ({v.shape[-1]}) unlike q's ({q.shape[-1]}) "
+                                  f"needs NumPy / CuPy arrays or torch tensors (padded copies); "
+                                  f"got {type(q).__name__}")
+    head_dim_v = v.shape[-1]
+    padded = [x if x.shape[-1] == width else pad_head_dim(x, kind, width) for x in (q, k, v)]
     result = attention_cuda(*padded, **options)
     out = result[0] if options["return_lse"] else result
-    trimmed = empty_like_kind(kind, q, tuple(out.shape[:-1]) + (head_dim,), dtype_name(q))
-    trimmed[...] = out[..., :head_dim]
-    return (trimmed, result[1]) if options["return_lse"] else trimmed
-
-
-def _attention_mixed_dims(q, k, v, **options):
-    """Attention with v's head dim unlike q's and k's (DeepSeek MLA's 192 / 128, say): the
-    smaller side padded with zero columns to the larger (zero columns change neither q.k nor,
-    once dropped, the output), one kernel call, the output's first head_dim_v columns copied
-    out. The scale is the caller's (default 1/sqrt(head_dim_qk), resolved before)."""
-    kind = array_kind(q)
-    if kind not in ("numpy", "cupy", "torch"):
-        raise NotImplementedError(f"v's head_dim ({v.shape[-1]}) unlike q's ({q.shape[-1]}) "
-                                  f"needs CuPy arrays or torch tensors (padded copies); got "
-                                  f"{type(q).__name__}")
-    head_dim_v = v.shape[-1]
-    width = max(q.shape[-1], head_dim_v)
-    q, k, v = (x if x.shape[-1] == width else pad_head_dim(x, kind, width) for x in (q, k, v))
-    result = attention_cuda(q, k, v, **options)
-    out = result[0] if options["return_lse"] else result
     if head_dim_v < width:
-        trimmed = empty_like_kind(kind, q, tuple(out.shape[:-1]) + (head_dim_v,), dtype_name(q))
+        trimmed = empty_like_kind(kind, q, tuple(out.shape[:-1]) + (head_dim_v,),
+                                  dtype_name(q))
         trimmed[...] = out[..., :head_dim_v]
         out = trimmed
     return (out, result[1]) if options["return_lse"] else out
