@@ -9,8 +9,8 @@ contiguous and paged (sinks, a 6-row page), group 1, back-to-back launches on on
 tree, a window with sinks; the CUDA-core kernel at head_dim 256 and forced through the runtime's
 ``kernel="fma"``), the merge kernel (merge_states on float32 GPU states), and poisoned indices
 that the kernels must clamp (cache_seqlens past the capacity or negative, block-table entries
-outside the pool, decreasing / out-of-range cu_seqlens), then checks every output against the
-CPU path.
+outside the pool, decreasing / out-of-range cu_seqlens, for varlen attention and its backward),
+then checks every output against the CPU path (the poisoned cases for finite outputs).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import numba_flash
 from numba_flash import masks
 from numba_flash.cuda.launch import decode as runtime
 from numba_flash.cuda.launch.attention import attention_cuda
+from numba_flash.cuda.launch.backward import backward_kernels
 from numba_flash.varlen import Varlen
 
 
@@ -68,6 +69,14 @@ def poisoned_varlen(rng):
         out = attention_cuda(q, k, v, softmax_scale=0.125, causal=True,
                              varlen=Varlen(5, cu, cu, 120, 120, None, None))
         assert bool(cp.isfinite(out.astype(cp.float32)).all())
+        # The backward's packed-batch kernels (atomic and deterministic dQ) on the same offsets
+        out, lse = attention_cuda(q, k, v, softmax_scale=0.125, causal=True, return_lse=True,
+                                  varlen=Varlen(5, cu, cu, 120, 120, None, None))
+        for det in (False, True):
+            grads = backward_kernels(q, q, k, v, out, lse, softmax_scale=0.125, causal=True,
+                                     varlen=Varlen(5, cu, cu, 120, 120, None, None),
+                                     deterministic=det)
+            assert all(bool(cp.isfinite(g.astype(cp.float32)).all()) for g in grads)
 
 
 def main():
