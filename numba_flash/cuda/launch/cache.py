@@ -1,7 +1,9 @@
-"""What Numba's on-disk kernel cache did for this process: per kernel family, how many
-specialisations were loaded from the cache (hits) and how many were compiled (misses).
+"""What the on-disk kernel caches did for this process: per kernel family, how many
+specialisations were loaded from disk (hits: a kernel image, images.py, or Numba's cache entry)
+and how many were compiled (misses).
 
-Kernels are cached per configuration (kernels/jitcache.py) in Numba's cache directory: under
+Kernels are cached per configuration (kernels/jitcache.py) in Numba's cache directory, with
+their images beside Numba's index files: under
 ``NUMBA_CACHE_DIR`` when it is set (set it to move the cache, e.g. to a shared or pre-warmed
 location), else next to the package's sources when writable (else Numba's user-wide fallback).
 A cache entry is keyed by the kernel's signature, the GPU architecture, the numba-cuda version,
@@ -32,15 +34,20 @@ def _dispatchers():
 
 
 def kernel_cache_stats() -> dict:
-    """{family: {"hits": n, "misses": n}}: specialisations loaded from Numba's disk cache and
-    compiled in this process, per kernel family ("attention", "decode", "merge", "backward").
-    In the simulator (no compilation) every count is 0."""
+    """{family: {"hits": n, "misses": n, "images": n}}: specialisations loaded from disk (a
+    kernel image or Numba's cache entry), compiled, and among the hits those loaded from their
+    image (without initialising Numba's compiler), per kernel family ("attention", "decode",
+    "merge", "backward"). In the simulator (no compilation) every count is 0."""
+    from .images import image_stats
+
     stats: dict = {}
     for family, kern in _dispatchers():
-        entry = stats.setdefault(family, {"hits": 0, "misses": 0})
+        entry = stats.setdefault(family, {"hits": 0, "misses": 0, "images": 0})
         record = getattr(kern, "stats", None)
         if record is None:          # the simulator's dispatcher keeps no statistics
             continue
-        entry["hits"] += sum(record.cache_hits.values())
+        images = image_stats(kern)[0]
+        entry["images"] += images
+        entry["hits"] += images + sum(record.cache_hits.values())
         entry["misses"] += sum(record.cache_misses.values())
     return stats

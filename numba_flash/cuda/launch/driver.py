@@ -10,9 +10,10 @@ no argument typing, no Numba device-array wrappers, no allocation. The driver co
 parameters at launch, so the buffer is free again when the call returns. Plans are not
 thread-safe: one plan serves one thread at a time (the library's plan caches are per process).
 
-Kernels are compiled (or loaded from Numba's on-disk cache) by ``compile_kernel`` for an
-explicit signature, and launched by handle: a CUkernel (Numba's library loading) launches in
-the calling thread's current context, which the callers check is the arrays' device.
+Kernels are compiled (or loaded: from their image on disk, images.py, else from Numba's
+on-disk cache) by ``compile_kernel`` for an explicit signature, and launched by handle: a
+CUkernel (a library loaded by cuda.core, as Numba loads them) launches in the calling thread's
+current context, which the callers check is the arrays' device.
 """
 from __future__ import annotations
 
@@ -120,11 +121,35 @@ class _LaunchConfig(ctypes.Structure):
 
 
 def compile_kernel(dispatcher, params):
-    """Compile (or load from Numba's disk cache) ``dispatcher`` for the types of ``params``
-    (ArrayParam / ScalarParam, in kernel order) in the current context; Numba's function
-    object: ``.handle`` is the driver handle, ``.kernel`` the cuda.core kernel."""
+    """Compile ``dispatcher`` for the types of ``params`` (ArrayParam / ScalarParam, in kernel
+    order), or load it: from this process's earlier compilation, else from its image on disk
+    (images.py: no Numba initialisation), else through Numba (its disk cache or a compilation,
+    after which the image is written). Returns an object whose ``.handle`` is the driver
+    handle and ``.kernel`` cuda.core's kernel."""
     sig = types.void(*(p.numba_type for p in params))
-    return dispatcher.compile(sig)._codelibrary.get_cufunc()
+    compiled = dispatcher.overloads.get(sig.args)
+    if compiled is not None:
+        return compiled._codelibrary.get_cufunc()
+    from . import images
+    from .device import compute_capability, current_device_id
+
+    cc = compute_capability(current_device_id())
+    loaded = _LOADED.get((id(dispatcher), sig, cc))
+    if loaded is not None:
+        return loaded
+    path = images.image_path(dispatcher, sig, cc)
+    if path is not None:
+        loaded = images.load_image(dispatcher, path)
+        if loaded is not None:
+            _LOADED[(id(dispatcher), sig, cc)] = loaded
+            return loaded
+    compiled = dispatcher.compile(sig)
+    if path is not None:
+        images.store_image(dispatcher, path, compiled)
+    return compiled._codelibrary.get_cufunc()
+
+
+_LOADED: dict = {}       # (id(dispatcher), signature, cc) -> images.LoadedKernel
 
 
 def raise_dynamic_smem_limit(handle, nbytes: int, device_id: int):
