@@ -161,10 +161,10 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         extras = () if cu_seqlens_q is None and alibi_slopes is None else tuple(
             x for x in (cu_seqlens_q, cu_seqlens_k, alibi_slopes) if x is not None)
         result, signature = fast(q, k, v, (softmax_scale, causal, window_size, sinks, mask,
-                                           softcap, alibi_slopes, return_lse, backend,
-                                           cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                           max_seqlen_k, score_mod, precision), extras,
-                                 (mask, score_mod), stream)
+                                           softcap, alibi_slopes is None, return_lse, backend,
+                                           cu_seqlens_q is None, cu_seqlens_k is None,
+                                           max_seqlen_q, max_seqlen_k, score_mod, precision),
+                                 extras, (mask, score_mod), stream)
         if result is not None:
             return result
     problem = validate(q, k, v, softmax_scale=softmax_scale, causal=causal,

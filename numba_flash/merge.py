@@ -18,6 +18,8 @@ from .arrays import describe
 
 __all__ = ["merge_states"]
 
+_FAST = [None]      # the GPU runtime's repeated-call path, once the runtime is loaded
+
 
 def _stack(parts, name, kind):
     if kind == "numpy":
@@ -52,6 +54,14 @@ def merge_states(o, lse, *, stream=None):
         (``numba_flash_reference.merge.merge_many``, order "flat") and rounded once; GPU inputs
         by ``numba_flash.cuda.launch.merge`` in fp32 on the caller's stream.
     """
+    fast = _FAST[0]
+    signature = None
+    if fast is not None and not isinstance(o, (list, tuple)):
+        # Same signature as an earlier GPU call (arrays' geometry): its plan, without
+        # validating again (validation depends on nothing else).
+        result, signature = fast(o, lse, stream)
+        if result is not None:
+            return result
     if isinstance(o, (list, tuple)) or isinstance(lse, (list, tuple)):
         if not isinstance(o, (list, tuple)) or not isinstance(lse, (list, tuple)):
             raise TypeError(f"o and lse must both be arrays or both be lists, got "
@@ -90,7 +100,9 @@ def merge_states(o, lse, *, stream=None):
         return out, lse64.astype(lse.dtype)
     from .cuda.launch.merge import merge_states_cuda, merge_states_fast
 
-    result, signature = merge_states_fast(o, lse, stream)
-    if result is not None:
-        return result
+    _FAST[0] = merge_states_fast
+    if signature is None:       # not looked up yet (first call, or states given as lists)
+        result, signature = merge_states_fast(o, lse, stream)
+        if result is not None:
+            return result
     return merge_states_cuda(o, lse, stream=stream, fast=signature)

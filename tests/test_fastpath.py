@@ -107,3 +107,27 @@ def test_tables_are_bounded():
     for i in range(fastpath._MAX_ENTRIES + 5):
         fastpath.register_fast(table, i, object())
     assert len(table) <= fastpath._MAX_ENTRIES
+
+
+def test_attention_signature_keys_packed_batch_arrays_by_geometry():
+    """A varlen call's cu_seqlens enter attention's signature by geometry (options carry only
+    whether each array is given): the same geometry gives the same key, another length or
+    dtype another key, and a missing array a different key than a given one."""
+    from numba_flash.cuda.launch import attention as runtime
+
+    q, k, v = (FakeTensor((512, 16, 128), 256 * (i + 1)) for i in range(3))
+
+    def key(cu_q, cu_k, given=(False, False)):
+        options = (None, True, (-1, -1), 0, None, None, True, False, "auto", given[0],
+                   given[1], 212, 212, None, "auto")
+        result, signature = runtime.attention_fast(q, k, v, options, (cu_q, cu_k), (None, None),
+                                                   None)
+        assert result is None            # the table holds no plan for these stand-ins
+        return signature[0]
+
+    cu = FakeTensor((4,), 1 << 20, dtype="int32")
+    same = FakeTensor((4,), 1 << 21, dtype="int32")       # other data, same geometry
+    longer = FakeTensor((5,), 1 << 22, dtype="int32")
+    wide = FakeTensor((4,), 1 << 23, dtype="int64")
+    assert key(cu, cu) == key(same, same)
+    assert len({key(cu, cu), key(longer, cu), key(cu, wide), key(cu, cu, (True, False))}) == 4

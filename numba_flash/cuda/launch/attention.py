@@ -31,7 +31,7 @@ from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array,
 from .device import compute_capability, current_device_id
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, current_device
 from .driver import raise_dynamic_smem_limit
-from .fastpath import FastCall, call_key, fast_table, geometry_reader, register_fast
+from .fastpath import FastCall, call_key, fast_table, geometry_of, geometry_reader, register_fast
 from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
 
@@ -295,22 +295,27 @@ def _attention_padded(q, k, v, width, **options):
 def attention_fast(q, k, v, options, extras, guards, stream):
     """A repeated call: the plan recorded under this call's signature, launched on its arrays.
 
-    ``options``: the call's keyword values (``numba_flash.attention`` passes them all);
-    ``extras``: its device arrays beyond q, k, v in kernel order (cu_seqlens_q, cu_seqlens_k,
-    alibi_slopes, those given); ``guards``: its mask and score_mod. Returns (result, None) on a
+    ``options``: the call's keyword values (``numba_flash.attention`` passes them all, the
+    arrays among them as whether each is given); ``extras``: its device arrays beyond q, k, v
+    in kernel order (cu_seqlens_q, cu_seqlens_k, alibi_slopes, those given), keyed by their
+    geometry; ``guards``: its mask and score_mod. Returns (result, None) on a
     hit, else (None, (signature, extras)) for ``attention_cuda`` to record the plan under.
     """
     call = key = None
-    if not extras:      # the common call: every keyword hashable as it is
-        geometry = geometry_reader(type(q))
-        if geometry is not None:
-            key = ("attention", type(q), geometry(q), geometry(k), geometry(v), options)
+    geometry = geometry_reader(type(q))
+    if geometry is not None:
+        key = ("attention", type(q), geometry(q), geometry(k), geometry(v), options)
+        if extras:      # cu_seqlens / alibi_slopes: options holds only whether each is given
+            key += tuple(geometry_of(x) for x in extras)
+            if None in key[6:]:
+                key = None
+        if key is not None:
             try:
                 call = _FAST_CALLS.get(key)
             except TypeError:   # a list window_size, an unhashable mask: the general key
                 key = None
     if key is None:
-        key = call_key("attention", (q, k, v), options)
+        key = call_key("attention", (q, k, v) + tuple(extras), options)
         if key is None:
             return None, None
         call = _FAST_CALLS.get(key)

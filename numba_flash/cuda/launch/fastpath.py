@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .driver import current_device
+from .streams import raw_stream_handle
 
 __all__ = ["FastCall", "fast_table", "register_fast", "call_key", "geometry_of", "geometry_reader",
            "pointer_of", "current_stream_of"]
@@ -156,20 +157,29 @@ def _fast_pointer(like):
 
 def current_stream_of(x) -> int:
     """Raw handle of the current stream of x's library on x's device (CuPy / torch)."""
-    root = type(x).__module__.split(".")[0]
-    if root == "torch":
+    reader = _STREAM_READERS.get(type(x))
+    if reader is None:
+        reader = _STREAM_READERS[type(x)] = _stream_reader(type(x))
+    return reader(x)
+
+
+_STREAM_READERS: dict = {}
+
+
+def _stream_reader(t):
+    """The current-stream reader for arrays of type ``t`` (imports done once, not per call)."""
+    if t.__module__.split(".")[0] == "torch":
         from .streams import torch_current_stream
 
-        return torch_current_stream(x.get_device())
+        return lambda x: torch_current_stream(x.get_device())
     import cupy
 
-    return cupy.cuda.get_current_stream().ptr
+    current = cupy.cuda.get_current_stream
+    return lambda x: current().ptr
 
 
 def stream_handle(stream) -> int:
     """Raw handle of an explicit stream argument (see streams.raw_stream_handle)."""
-    from .streams import raw_stream_handle
-
     return raw_stream_handle(stream, None, None)
 
 
