@@ -45,11 +45,16 @@ def test_image_keys_separate_configurations_devices_and_signatures(tmp_path):
     assert len({paths["plain"], *others}) == 4, paths
 
 
+class _Linked:
+    """numba-cuda 0.30's linker returns a cuda.core ObjectCode; its ``code`` is the cubin."""
+    code = b"\x7fELF stand-in machine code \n with a newline"
+
+
 class _Library:
     _entry_name = "_Z6kernelv"
 
     def get_cubin(self):
-        return b"\x7fELF stand-in machine code \n with a newline"
+        return _Linked()
 
 
 class _Compiled:
@@ -73,9 +78,14 @@ class _ObjectCode:
         return _Kernel()
 
 
+# Stand-ins for dispatchers (counted by identity): alive for the whole session, so that no
+# other object of a later test can take their id.
+_OWNERS = (object(), object())
+
+
 def test_image_round_trip_and_damaged_files(tmp_path, monkeypatch):
     monkeypatch.setattr(images, "_object_code", lambda: _ObjectCode)
-    owner = object()                      # stands for the dispatcher (counted by identity)
+    owner = _OWNERS[0]
     path = str(tmp_path / "sub" / "kernel.abc.nfimg")
     assert images.load_image(owner, path) is None                  # nothing there yet
     images.store_image(owner, path, _Compiled())
@@ -83,7 +93,7 @@ def test_image_round_trip_and_damaged_files(tmp_path, monkeypatch):
     assert not [n for n in os.listdir(tmp_path / "sub") if n.startswith(".nfimg-")]
     loaded = images.load_image(owner, path)
     assert loaded.handle == 1234 and loaded.name == "_Z6kernelv"
-    assert _ObjectCode.loaded[-1] == (_Library().get_cubin(), "_Z6kernelv")
+    assert _ObjectCode.loaded[-1] == (_Linked.code, "_Z6kernelv")
     assert images.image_stats(owner) == (1, 1)
     whole = open(path, "rb").read()
     for damaged in (whole[:-1], whole[:10], b"", b"not an image\n" + whole, whole + b"x"):
@@ -96,6 +106,6 @@ def test_image_round_trip_and_damaged_files(tmp_path, monkeypatch):
 def test_unwritable_cache_directory_is_skipped(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache folder should be")
-    owner = object()
+    owner = _OWNERS[1]
     images.store_image(owner, str(blocker / "kernel.nfimg"), _Compiled())
     assert images.image_stats(owner) == (0, 0)

@@ -100,7 +100,11 @@ def store_image(dispatcher, path: str, compiled) -> None:
     """Write the image of ``compiled`` (what ``dispatcher.compile`` returned) to ``path``;
     a cache directory that cannot be written is skipped silently, as Numba does."""
     library = compiled._codelibrary
-    cubin = bytes(library.get_cubin())
+    cubin = library.get_cubin()
+    cubin = getattr(cubin, "code", cubin)      # numba-cuda 0.30 links to a cuda.core ObjectCode
+    if not isinstance(cubin, (bytes, bytearray, memoryview)):
+        return                                  # no machine code to keep: Numba's cache serves
+    cubin = bytes(cubin)
     header = json.dumps({"entry": library._entry_name, "size": len(cubin)}).encode()
     folder = os.path.dirname(path)
     try:
