@@ -96,3 +96,33 @@ def test_warp_collectives_still_combine():
     kernel[2, 64](out)
     warp_sums = np.repeat([np.arange(32).sum(), np.arange(32, 64).sum()], 32)
     assert np.array_equal(out, np.broadcast_to(warp_sums, (2, 64)))
+
+
+def test_block_runner_yields_and_keeps_barriers():
+    """The block runner that sleeps between its polls (primitives/base.py) is installed, and it
+    keeps the simulator's meaning of a barrier: a round of writes, syncthreads, reads of other
+    threads' values, over several rounds, with threads that return early (their block-mates'
+    barriers still release) and a 2-D block."""
+    from numba.cuda.simulator import kernel as sim
+
+    assert getattr(sim.BlockManager.run, "yields", False)
+
+    @cuda.jit
+    def kernel(out, rounds):
+        buf = cuda.shared.array(48, np.float32)
+        t = cuda.threadIdx.x + 16 * cuda.threadIdx.y
+        if t >= 40:
+            return                  # these threads leave before every barrier
+        acc = np.float32(0)
+        for r in range(rounds):
+            buf[t] = np.float32(t + r)
+            cuda.syncthreads()
+            acc += buf[(t + 1) % 40]
+            cuda.syncthreads()
+        out[cuda.blockIdx.x, t] = acc
+
+    rounds = 5
+    out = np.full((3, 40), np.nan, np.float32)
+    kernel[3, (16, 3)](out, rounds)
+    expect = np.array([sum((t + 1) % 40 + r for r in range(rounds)) for t in range(40)])
+    assert np.array_equal(out, np.broadcast_to(expect, (3, 40)))

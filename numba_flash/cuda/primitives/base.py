@@ -148,6 +148,63 @@ else:
 
     _install_thread_safe_shared_array()
 
+    def _install_yielding_block_runner():
+        """Numba's simulator runs a block's threads while its own thread polls them in a loop
+        that never waits: it holds the interpreter lock for whole switch intervals doing
+        nothing, most of all when few threads are still running (at a barrier, at a block's
+        end). Profiled on a 2-core machine, 60 % of a kernel test's time went to that polling
+        (``is_alive``, 3 million calls in one 20 s test). This version does the same
+        bookkeeping (release a barrier once every live thread waits at it; on an exception,
+        abort the block's threads and raise it) and sleeps 0.5 ms between passes, so the
+        running threads get the interpreter."""
+        import time
+
+        import numpy as np
+        from numba.cuda.simulator import kernel as sim
+
+        cls = sim.BlockManager
+        if getattr(cls.run, "yields", False):
+            return
+
+        def raise_from(thread, threads):
+            for other in threads:
+                other.abort = True
+                other.syncthreads_blocked = False
+                other.syncthreads_event.set()
+            raise thread.exception[0].with_traceback(thread.exception[1])
+
+        def run(self, grid_point, *args):
+            def body():
+                self._f(*args)
+
+            threads = [sim.BlockThread(body, self, grid_point, point, self._debug)
+                       for point in np.ndindex(*self._block_dim)]
+            for thread in threads:
+                thread.start()
+            live = threads
+            while live:
+                waiting = 0
+                for thread in live:
+                    if thread.syncthreads_blocked:
+                        waiting += 1
+                    elif thread.exception:
+                        raise_from(thread, threads)
+                if waiting == len(live):
+                    for thread in live:
+                        thread.syncthreads_blocked = False
+                        thread.syncthreads_event.set()
+                live = [thread for thread in live if thread.is_alive()]
+                if live:
+                    time.sleep(5e-4)
+            for thread in threads:
+                if thread.exception:
+                    raise thread.exception[0].with_traceback(thread.exception[1])
+
+        run.yields = True
+        cls.run = run
+
+    _install_yielding_block_runner()
+
     def collective(value, combine):
         """Post ``value`` for this simulated lane; ``combine(values_by_lane)`` returns 32 results."""
         thread = threading.current_thread()
