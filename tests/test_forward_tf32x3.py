@@ -18,7 +18,7 @@ from gpu_arrays import no_repeat_path, to_device, to_host
 
 CASES = [  # b, sq, sk, hq, hkv, d, options
     (1, 17, 23, 2, 1, 32, dict(causal=True)),
-    (1, 70, 40, 2, 2, 64, dict(window_size=(9, 3), sinks=2)),
+    (1, 40, 40, 2, 2, 64, dict(window_size=(9, 3), sinks=2)),
     (1, 40, 17, 1, 1, 32, dict(causal=True, softcap=2.5)),   # rows that see no key
     (1, 33, 20, 2, 1, 96, dict(causal=True)),                 # Q in shared memory, 2 warps
 ]
