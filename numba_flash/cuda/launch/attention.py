@@ -306,9 +306,8 @@ def attention_fast(q, k, v, options, extras, guards, stream):
     if geometry is not None:
         key = ("attention", type(q), geometry(q), geometry(k), geometry(v), options)
         if extras:      # cu_seqlens / alibi_slopes: options holds only whether each is given
-            key += tuple(geometry_of(x) for x in extras)
-            if None in key[6:]:
-                key = None
+            shapes = tuple(geometry_of(x) for x in extras)
+            key = None if None in shapes else key + shapes
         if key is not None:
             try:
                 call = _FAST_CALLS.get(key)

@@ -120,6 +120,9 @@ class _LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
+_LOADED: dict = {}       # (id(dispatcher), signature, cc) -> images.LoadedKernel
+
+
 def compile_kernel(dispatcher, params):
     """Compile ``dispatcher`` for the types of ``params`` (ArrayParam / ScalarParam, in kernel
     order), or load it: from this process's earlier compilation, else from its image on disk
@@ -147,9 +150,6 @@ def compile_kernel(dispatcher, params):
     if path is not None:
         images.store_image(dispatcher, path, compiled)
     return compiled._codelibrary.get_cufunc()
-
-
-_LOADED: dict = {}       # (id(dispatcher), signature, cc) -> images.LoadedKernel
 
 
 def raise_dynamic_smem_limit(handle, nbytes: int, device_id: int):
