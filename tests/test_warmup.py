@@ -3,8 +3,8 @@
 Without a GPU the command says so in one line (exit 2). On a GPU, a second process's first
 calls of attention and decode load every kernel from its image on disk: checked by the cache's
 own record (``kernel_cache_stats``: misses 0, every hit an image), in a private NUMBA_CACHE_DIR.
-Without a GPU, the image keys and files (images.py) are checked on real Numba dispatchers in a
-process of their own (the simulator's dispatchers have no disk cache).
+Without a GPU, tests/test_images.py checks the image keys and files (images.py) on real Numba
+dispatchers in a process of their own (the simulator's dispatchers have no disk cache).
 """
 from __future__ import annotations
 
