@@ -50,11 +50,14 @@ def call(monkeypatch):
         return new, lse, (lambda: 77)
 
     monkeypatch.setattr(fastpath, "_allocators", allocators)
-    monkeypatch.setattr(fastpath, "current_device", lambda: 0)
+    current = [0]                      # the current device, as the library reports it
+    monkeypatch.setattr(fastpath, "device_reader", lambda t: lambda: current[0])
     like = FakeTensor((1, 8, 2, 64), 0x1000)
     mask = object()
-    return fastpath.FastCall(RecordingPlan(), "torch", like, 0, (1, 8, 2, 64), "float16",
-                             (1, 2, 8), False, (), True, guards=(mask, None)), mask
+    fast = fastpath.FastCall(RecordingPlan(), "torch", like, 0, (1, 8, 2, 64), "float16",
+                             (1, 2, 8), False, (), True, guards=(mask, None))
+    fast.current = current
+    return fast, mask
 
 
 def test_signature_covers_geometry_and_keywords():
@@ -87,7 +90,7 @@ def test_run_refuses_what_the_full_path_must_see(call, monkeypatch):
     assert fast.run((q, k, v), (), (object(), None), None) is None     # another mask object
     misaligned = FakeTensor((1, 8, 2, 64), 0x1002)
     assert fast.run((misaligned, k, v), (), (mask, None), None) is None   # the full path raises
-    monkeypatch.setattr(fastpath, "current_device", lambda: 1)
+    fast.current[0] = 1
     assert fast.run((q, k, v), (), (mask, None), None) is None         # another device current
     assert fast.plan.calls == []
 

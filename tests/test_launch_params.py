@@ -25,16 +25,24 @@ class _Recorder:
         self.calls = []
 
     def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):  # noqa: N802
-        self.calls.append(("plain", func, (gx, gy, gz), (bx, by, bz), smem, stream, argv))
+        gx, gy, gz, bx, by, bz, smem = (_value(x) for x in (gx, gy, gz, bx, by, bz, smem))
+        self.calls.append(("plain", _value(func), (gx, gy, gz), (bx, by, bz), smem,
+                           _value(stream), argv))
         return 0
 
     def cuLaunchKernelEx(self, config, func, argv, extra):  # noqa: N802
+        func = _value(func)
         cfg = ctypes.cast(config, ctypes.POINTER(driver._LaunchConfig)).contents \
             if isinstance(config, int) else config._obj
         self.calls.append(("ex", func, (cfg.grid_x, cfg.grid_y, cfg.grid_z), cfg.block_x,
                            cfg.smem, cfg.stream, cfg.num_attrs, cfg.attrs[0].id,
                            cfg.attrs[0].value, argv))
         return 0
+
+
+def _value(x):
+    """The number a ctypes argument carries (plans pass ready-made ctypes values)."""
+    return getattr(x, "value", x)
 
 
 class _Func:
@@ -44,7 +52,9 @@ class _Func:
 @pytest.fixture
 def recorder(monkeypatch):
     rec = _Recorder()
-    monkeypatch.setattr(driver, "_DRIVER", {"lib": rec})
+    monkeypatch.setattr(driver, "_DRIVER", {
+        "lib": rec, "launch": lambda *args: rec.cuLaunchKernel(*args),
+        "launch_ex": lambda *args: rec.cuLaunchKernelEx(*args)})
     return rec
 
 

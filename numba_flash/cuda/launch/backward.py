@@ -1,9 +1,9 @@
 """The backward's runtime: ``backward_cuda`` (numba_flash.attention_backward's GPU door) and
 ``backward_kernels`` (the kernels of kernels/backward.py on the caller's arrays: outputs, fp32 /
-fp64 workspaces, kernel cache). The 16-bit dK / dV kernel (the main cost, 112 KB of dynamic
-shared memory at head_dim 128) launches through a driver-API plan (launch/driver.py); the small
-kernels and the CUDA-core paths through Numba's dispatcher on device-array wrappers of the
-caller's memory (no copies).
+fp64 workspaces, kernel cache). Every kernel launches through a driver-API plan
+(launch/driver.py: compiled once, or loaded from its image on disk without initialising Numba's
+compiler) on device-array wrappers of the caller's memory (no copies); the simulator takes
+Numba's dispatcher.
 
 Order of the launches on one stream:
 
@@ -218,8 +218,8 @@ class _Call(NamedTuple):
         kern = _cached(("reduce", self.half, bf16), lambda: bw.make_reduce_kernel(self.half, bf16))
         target = self.wrap(dst)
         n = int(np.prod(target.shape))
-        kern[(n + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS, bw.REDUCE_THREADS,
-             self.launch_stream](acc, target, group)
+        _launch(self, kern, (n + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS,
+                bw.REDUCE_THREADS, (acc, target, group))
 
 
 def _common_dtype(*arrays) -> str:
@@ -258,8 +258,9 @@ def _preprocess(call, ko, kdo, klse, cu_q):
     bf16 = _HALF.get(call.dtype_name, False)
     pre = _cached(("pre", call.half, bf16, call.is_f64, call.lead),
                   lambda: bw.make_preprocess_kernel(call.half, bf16, call.is_f64, call.lead))
-    pre[((rows_padded + bw.PRE_THREADS - 1) // bw.PRE_THREADS, call.batch * call.heads_q),
-        bw.PRE_THREADS, call.launch_stream](ko, kdo, klse, delta, lse2, cu_q, call.seqlen_q)
+    _launch(call, pre, ((rows_padded + bw.PRE_THREADS - 1) // bw.PRE_THREADS,
+                        call.batch * call.heads_q), bw.PRE_THREADS,
+            (ko, kdo, klse, delta, lse2, cu_q, call.seqlen_q))
     return delta, lse2
 
 
@@ -305,23 +306,22 @@ def _main_kernels(call, deterministic, dkdv_args, dq_args):
         dkdv = _cached(("mma_dkdv", not deterministic) + key + (bm,) + call.options,
                        lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic, *key[6:], bm,
                                                        **options))
-        _launch_dynamic(dkdv, (n_k, heads), geo["threads"], geo["smem"], call.stream, call.kind,
-                        call.like, call.launch_stream, dkdv_args)
+        _launch(call, dkdv, (n_k, heads), geo["threads"], dkdv_args, geo["smem"])
         if deterministic:
             dq_key = key[:-2] + (geo["dq_warps"], geo["dq_block_m"], geo["dq_block_n"])
             dqk = _cached(("mma_dq",) + dq_key + call.options,
                           lambda: bw.make_mma_dq_kernel(*dq_key, **options))
-            dqk[(n_q, heads), 32 * geo["dq_warps"], call.launch_stream](*dq_args)
+            _launch(call, dqk, (n_q, heads), 32 * geo["dq_warps"], dq_args)
         return
     key = (call.head_dim, call.is_f64) + call.flags
     geo_args = (call.mask_kind, geo["lanes"], bn, bm)
     dkdv = _cached(("fma_dkdv", not deterministic) + key + geo_args + call.options,
                    lambda: bw.make_fma_dkdv_kernel(*key, not deterministic, *geo_args, **options))
-    dkdv[(n_k, heads), geo["threads"], call.launch_stream](*dkdv_args)
+    _launch(call, dkdv, (n_k, heads), geo["threads"], dkdv_args)
     if deterministic:
         dqk = _cached(("fma_dq",) + key + geo_args + call.options,
                       lambda: bw.make_fma_dq_kernel(*key, *geo_args, **options))
-        dqk[(n_q, heads), geo["threads"], call.launch_stream](*dq_args)
+        _launch(call, dqk, (n_q, heads), geo["threads"], dq_args)
 
 
 def _check_rows_aligned(**arrays):
@@ -339,25 +339,27 @@ def _check_rows_aligned(**arrays):
 
 
 _SMEM_RAISED: set = set()
+_SCALAR_TYPES = {np.float32: types.float32, np.float64: types.float64}
 
 
-def _launch_dynamic(kern, grid, threads, smem, stream, kind, like, launch_stream, args):
-    """Launch ``kern`` with ``smem`` bytes of dynamic shared memory: in the simulator through
-    the dispatcher, on a GPU through a driver-API plan (the per-kernel limit raised past the
-    default 48 KB once per kernel and device)."""
+def _launch(call, kern, grid, threads, args, smem=0):
+    """Launch ``kern`` on the call's stream: in the simulator through Numba's dispatcher, on a
+    GPU through a driver-API plan (compile_kernel: this process's compilation, else the
+    kernel's image on disk, else Numba), with ``smem`` bytes of dynamic shared memory (the
+    per-kernel limit raised past the default 48 KB once per kernel and device)."""
     if SIMULATOR:
-        kern[grid, threads, launch_stream, smem](*args)
+        kern[grid, threads, call.launch_stream, smem](*args)
         return
     params = [fixed_param(a) if hasattr(a, "__cuda_array_interface__") else
-              ScalarParam(types.float32 if isinstance(a, np.float32) else types.int64, a)
-              for a in args]
+              ScalarParam(_SCALAR_TYPES.get(type(a), types.int64), a) for a in args]
     cufunc = compile_kernel(kern, params)
-    device = current_device()
-    if (id(cufunc), device) not in _SMEM_RAISED:
-        raise_dynamic_smem_limit(cufunc.handle, smem, device)
-        _SMEM_RAISED.add((id(cufunc), device))
+    if smem > 48 * 1024:
+        device = current_device()
+        if (id(cufunc), device) not in _SMEM_RAISED:
+            raise_dynamic_smem_limit(cufunc.handle, smem, device)
+            _SMEM_RAISED.add((id(cufunc), device))
     plan = LaunchPlan(cufunc, params, grid, threads, smem, keep=(args,))
-    plan.launch([], raw_stream_handle(stream, kind, like))
+    plan.launch([], raw_stream_handle(call.stream, call.kind, call.like))
 
 
 def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic=False, stream=None):

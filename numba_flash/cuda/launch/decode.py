@@ -25,8 +25,8 @@ from .attention import window_flags
 from .device import compute_capability, current_device_id, sm_count
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, stream_is_capturing
 from .driver import raise_dynamic_smem_limit
-from .fastpath import (FastCall, current_stream_of, fast_table, geometry_of, geometry_reader,
-                       register_fast)
+from .fastpath import (FastCall, capture_reader, current_stream_of, fast_table, geometry_of,
+                       geometry_reader, register_fast)
 from .merge import merge_plan, merge_simulated
 from .streams import raw_stream_handle
 
@@ -374,6 +374,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
 
 
 _FAST_CALLS = fast_table("decode")
+_CAPTURE_READERS: dict = {}     # array type -> capture test of its library's current stream
 
 
 def decode_fast(q, k_cache, v_cache, cache_seqlens, block_table, options, guards, stream):
@@ -388,6 +389,9 @@ def decode_fast(q, k_cache, v_cache, cache_seqlens, block_table, options, guards
         handle = current_stream_of(q) if stream is None else raw_stream_handle(stream, None, None)
     except TypeError:
         return None, None
+    capturing = stream_is_capturing if stream is not None else _CAPTURE_READERS.get(type(q))
+    if capturing is None:
+        capturing = _CAPTURE_READERS[type(q)] = capture_reader(type(q))
     key = ("decode", type(q), geometry(q), geometry(k_cache), geometry(v_cache),
            None if cache_seqlens is None else geometry_of(cache_seqlens),
            None if block_table is None else geometry_of(block_table), options, handle)
@@ -395,7 +399,7 @@ def decode_fast(q, k_cache, v_cache, cache_seqlens, block_table, options, guards
         call = _FAST_CALLS.get(key)
     except TypeError:           # an unhashable keyword value (a list window_size, ...)
         return None, None
-    if call is not None and not stream_is_capturing(handle):
+    if call is not None and not capturing(handle):
         extras = tuple(x for x in (block_table, cache_seqlens) if x is not None)
         result = call.run((q, k_cache, v_cache), extras, guards, handle)
         if result is not None:

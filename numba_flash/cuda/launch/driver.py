@@ -18,6 +18,7 @@ current context, which the callers check is the arrays' device.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 from numba.cuda import types
 
@@ -73,7 +74,9 @@ _DRIVER = {}
 
 
 def _driver():
-    """libcuda's launch entry points through ctypes, loaded once."""
+    """libcuda's launch entry points through ctypes, loaded once. ``launch`` / ``launch_ex``
+    are second handles of cuLaunchKernel / cuLaunchKernelEx without declared argument types:
+    a plan passes them ready-made ctypes values, which ctypes forwards without converting."""
     if not _DRIVER:
         lib = ctypes.CDLL("libcuda.so.1")
         vp, u32 = ctypes.c_void_p, ctypes.c_uint
@@ -85,7 +88,11 @@ def _driver():
         lib.cuCtxGetDevice.restype = ctypes.c_int
         lib.cuStreamIsCapturing.argtypes = [vp, ctypes.POINTER(ctypes.c_int)]
         lib.cuStreamIsCapturing.restype = ctypes.c_int
-        _DRIVER.update(lib=lib, device=ctypes.c_int(), capturing=ctypes.c_int())
+        untyped = ctypes.CDLL("libcuda.so.1")
+        launch, launch_ex = untyped.cuLaunchKernel, untyped.cuLaunchKernelEx
+        launch.restype = launch_ex.restype = ctypes.c_int
+        _DRIVER.update(lib=lib, device=ctypes.c_int(), capturing=ctypes.c_int(), launch=launch,
+                       launch_ex=launch_ex)
     return _DRIVER
 
 
@@ -194,14 +201,24 @@ class LaunchPlan:
         self.argv = (ctypes.c_void_p * max(len(flat), 1))(*(base + 8 * i for i in range(len(flat))))
         self.func = int(cufunc.handle)
         self.cufunc, self.keep = cufunc, keep
+        grid = (grid,) if isinstance(grid, int) else grid
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block, self.smem, self.pdl = int(block), int(smem), pdl
-        self._lib = _driver()["lib"]
+        self._stream = ctypes.c_void_p(0)
+        driver = _driver()
+        # The call's constant arguments as ctypes values, bound once: per call only the
+        # stream changes (cuLaunchKernel's argument conversion was a third of a call's time).
         if pdl:
             self._attr = _LaunchAttribute(
                 id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
             self._config = _LaunchConfig(*self.grid, self.block, 1, 1, self.smem, None,
                                          ctypes.pointer(self._attr), 1)
+            self._call = functools.partial(driver["launch_ex"], ctypes.byref(self._config),
+                                           ctypes.c_void_p(self.func), self.argv, None)
+        else:
+            dims = (ctypes.c_uint(n) for n in (*self.grid, self.block, 1, 1, self.smem))
+            self._call = functools.partial(driver["launch"], ctypes.c_void_p(self.func), *dims,
+                                           self._stream, self.argv, None)
 
     def launch(self, pointers, stream: int):
         """Launch on the stream of raw handle ``stream`` with the caller arrays' data
@@ -211,12 +228,9 @@ class LaunchPlan:
             values[slot] = ptr
         if self.pdl:
             self._config.stream = stream
-            err = self._lib.cuLaunchKernelEx(ctypes.byref(self._config), self.func, self.argv,
-                                             None)
         else:
-            gx, gy, gz = self.grid
-            err = self._lib.cuLaunchKernel(self.func, gx, gy, gz, self.block, 1, 1, self.smem,
-                                           stream, self.argv, None)
+            self._stream.value = stream
+        err = self._call()
         if err:
             raise LaunchError(f"cuLaunchKernel failed with CUresult {err} (grid {self.grid}, "
                               f"block {self.block}, dynamic shared memory {self.smem} bytes)")

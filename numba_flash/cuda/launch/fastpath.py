@@ -11,13 +11,15 @@ plan for next time. Tables are bounded (cleared when full).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from .driver import current_device
+from .driver import current_device, stream_is_capturing
 from .streams import raw_stream_handle
 
 __all__ = ["FastCall", "fast_table", "register_fast", "call_key", "geometry_of", "geometry_reader",
-           "pointer_of", "current_stream_of"]
+           "pointer_of", "current_stream_of", "device_reader", "capture_reader"]
 
 _TABLES: dict = {}
 _MAX_ENTRIES = 512
@@ -115,6 +117,7 @@ class FastCall:
         self.order = order            # None: pointers in the order inputs, out, lse, extras
         self.n_extras = len(extras)
         self.pointer = _fast_pointer(like)
+        self.current_device = device_reader(type(like))
         self.new_out, self.new_lse, self.stream = _allocators(kind, like, out_shape, out_dtype,
                                                               lse_shape, fill)
 
@@ -124,7 +127,7 @@ class FastCall:
         for given, recorded in zip(guards, self.guards):
             if given is not recorded:
                 return None
-        if current_device() != self.device:
+        if self.current_device() != self.device:
             return None
         pointer = self.pointer
         ptrs = [pointer(x) for x in arrays]
@@ -153,6 +156,41 @@ def _fast_pointer(like):
     if t not in _POINTER:
         _learn_type(t)
     return _POINTER[t]
+
+
+def device_reader(t):
+    """A function returning the calling thread's current device ordinal, through the array
+    library of type ``t`` when it has a direct binding (CuPy's cudaGetDevice, torch's), else
+    through the driver (launch/driver.py)."""
+    root = t.__module__.split(".")[0]
+    if root == "cupy":
+        import cupy
+
+        return cupy.cuda.runtime.getDevice
+    if root == "torch":
+        import torch
+
+        return getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    return current_device
+
+
+def capture_reader(t):
+    """A function of a raw stream handle telling whether that stream, the current stream of
+    array type ``t``'s library, is being captured into a CUDA graph (torch's and CuPy's own
+    bindings; else the driver's)."""
+    root = t.__module__.split(".")[0]
+    if root == "cupy":
+        import cupy
+
+        is_capturing = cupy.cuda.runtime.streamIsCapturing
+        return lambda handle: is_capturing(handle) != 0
+    if root == "torch":
+        import torch
+
+        current = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+        if current is not None:
+            return lambda handle: current()
+    return stream_is_capturing
 
 
 def current_stream_of(x) -> int:
@@ -184,7 +222,8 @@ def stream_handle(stream) -> int:
 
 
 def _allocators(kind, like, out_shape, out_dtype, lse_shape, fill):
-    """(new_out, new_lse or None, current stream) closures for the caller's library."""
+    """(new_out, new_lse or None, current stream) callables for the caller's library (bound
+    once: a call pays the allocator itself, no wrapper frames)."""
     if kind == "torch":
         import torch
 
@@ -192,23 +231,24 @@ def _allocators(kind, like, out_shape, out_dtype, lse_shape, fill):
         lse_dt = torch.float64 if dt == torch.float64 else torch.float32
         index = dev.index
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        current = (lambda: raw(index)) if raw is not None else \
+        current = functools.partial(raw, index) if raw is not None else \
             (lambda: torch.cuda.current_stream(index).cuda_stream)
-        make = torch.zeros if fill else torch.empty
-        new_out = lambda: make(out_shape, dtype=dt, device=dev)  # noqa: E731
+        new_out = functools.partial(torch.zeros if fill else torch.empty, out_shape, dtype=dt,
+                                    device=dev)
         new_lse = None
         if lse_shape is not None:
-            new_lse = (lambda: torch.full(lse_shape, -np.inf, dtype=lse_dt, device=dev)) \
-                if fill else (lambda: torch.empty(lse_shape, dtype=lse_dt, device=dev))
+            new_lse = functools.partial(torch.full, lse_shape, -np.inf, dtype=lse_dt,
+                                        device=dev) if fill else \
+                functools.partial(torch.empty, lse_shape, dtype=lse_dt, device=dev)
         return new_out, new_lse, current
     import cupy
 
     dt = like.dtype
     lse_dt = np.float64 if dt == np.float64 else np.float32
-    make = cupy.zeros if fill else cupy.empty
-    new_out = lambda: make(out_shape, dtype=dt)  # noqa: E731
+    new_out = functools.partial(cupy.zeros, out_shape, dtype=dt) if fill else \
+        functools.partial(cupy.ndarray, out_shape, dt)
     new_lse = None
     if lse_shape is not None:
-        new_lse = (lambda: cupy.full(lse_shape, -np.inf, dtype=lse_dt)) if fill else \
-            (lambda: cupy.empty(lse_shape, dtype=lse_dt))
+        new_lse = functools.partial(cupy.full, lse_shape, -np.inf, dtype=lse_dt) if fill else \
+            functools.partial(cupy.ndarray, lse_shape, lse_dt)
     return new_out, new_lse, lambda: cupy.cuda.get_current_stream().ptr
