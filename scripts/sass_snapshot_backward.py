@@ -30,6 +30,9 @@ CONFIGS = {}
 for _d in (64, 128):
     for _f in _FLAGS:
         CONFIGS[f"mma_dkdv_float16_d{_d}_{_f}"] = ("dkdv", "float16", _d, _f, True, NONE)
+# head_dim 160-256: two warps share 16 keys, each accumulating half the columns (mma_dsplit)
+CONFIGS["mma_dkdv_float16_d256_causal"] = ("dkdv", "float16", 256, "causal", True, NONE)
+CONFIGS["mma_dkdv_bfloat16_d192_plain"] = ("dkdv", "bfloat16", 192, "plain", True, NONE)
 CONFIGS["mma_dkdv_bfloat16_d128_causal_intervals"] = ("dkdv", "bfloat16", 128, "causal", True,
                                                       INTERVALS)
 CONFIGS["mma_dkdv_float16_d128_causal_deterministic"] = ("dkdv", "float16", 128, "causal",

@@ -147,6 +147,12 @@ def test_mma_wide_tiles():
     run_case(np.random.default_rng(7), "float16", 1, 150, 45, 2, 1, 16, True, tiles=WIDE_TILES)
 
 
+def test_mma_split_head_columns():
+    """Two warps share 16 keys, each accumulating half of dK's and dV's columns (the layout of
+    head_dim 160-256), GQA and a causal tail at a simulator size."""
+    run_case(np.random.default_rng(11), "float16", 1, 37, 21, 2, 1, 32, True, tiles=(2, 16, 16))
+
+
 # (dtype, tiles, deterministic, mask, causal, n): each reaches skipped, fully visible and
 # partial (query tile, key tile) pairs of the kernels it runs.
 INTERVAL_CASES = [
@@ -300,6 +306,17 @@ def test_gpu_sweep(dtype_name, d, causal, window, sinks, softcap, det):
     rng = np.random.default_rng(d)
     run_case(rng, dtype_name, 2, 257, 300, 4, 2, d, causal, window, sinks, softcap,
              deterministic=det)
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [160, 192, 256])
+@pytest.mark.parametrize("causal,det", [(False, False), (True, False), (True, True)])
+def test_gpu_wide_heads(dtype_name, d, causal, det):
+    """head_dim above 128 at the default tiles: two warps per 16 keys (mma_dsplit), GQA, odd
+    lengths, deterministic dQ."""
+    rng = np.random.default_rng(d + causal)
+    run_case(rng, dtype_name, 1, 201, 333, 4, 2, d, causal, deterministic=det)
 
 
 @gpu

@@ -55,7 +55,7 @@ from .tile_classes import FULL, SKIP
 
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_fma_dkdv_kernel",
            "make_fma_dq_kernel", "make_mma_dkdv_kernel", "make_mma_dq_kernel", "fma_layout",
-           "mma_layout", "mma_dq_layout", "mma_dkdv_smem_bytes", "PRE_THREADS", "REDUCE_THREADS",
+           "mma_layout", "mma_dsplit", "mma_dq_layout", "mma_dkdv_smem_bytes", "PRE_THREADS", "REDUCE_THREADS",
            "ROW_PAD"]
 
 LOG2E = 1.4426950408889634
@@ -583,16 +583,26 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
 # registers); with S^T = K Q^T the accumulator of a key tile's warp is P^T, the A operand of
 # dV += P^T dO, and dS^T the A operand of dK += dS^T Q.
 def mma_layout(head_dim: int):
-    """(warps, keys owned per block = 16 x warps, rows per streamed query tile) of the 16-bit
-    dK / dV kernel. Up to head_dim 128: 8 warps own 128 keys (as FlashAttention-2's: half the
-    dQ atomics and Q / dO traffic of 64) and stream 64-row query tiles, double-buffered in
+    """(warps, keys owned per block, rows per streamed query tile) of the 16-bit dK / dV
+    kernel. Up to head_dim 128: 8 warps own 16 keys each, 128 keys (as FlashAttention-2's: half
+    the dQ atomics and Q / dO traffic of 64) and stream 64-row query tiles, double-buffered in
     dynamic shared memory (``mma_dkdv_smem_bytes``: 159 KB at 128, one block per SM; 93 KB at
     64, two); each tile is worked in 16-row slices so that the per-warp fragment arrays stay
-    small and in registers. head_dim 256: one warp, 16 keys, 16-row tiles (its dK / dV
-    accumulators alone fill the register file)."""
+    small and in registers. head_dim 160-256 (multiples of 32): the dK / dV accumulators of 16
+    keys by the whole head would fill a warp's registers, so two warps share 16 keys, each
+    accumulating half the head's columns (``mma_dsplit``): 8 warps, 64 keys, 32-row tiles.
+    Other head dims above 128: one warp, 16 keys, 16-row tiles."""
     if head_dim <= 128:
         return 8, 128, 64
+    if head_dim % 32 == 0:
+        return 8, 64, 32
     return 1, 16, 16
+
+
+def mma_dsplit(warps: int, block_n: int) -> int:
+    """Warps sharing each 16 owned keys (each accumulates dK / dV for 1 / dsplit of the head's
+    columns): 1, or 2 when a block owns 8 keys per warp."""
+    return 16 * warps // block_n
 
 
 def mma_dq_layout(head_dim: int):
@@ -612,11 +622,11 @@ def _padded(words: int) -> int:
     return words + 4
 
 
-def mma_dkdv_smem_bytes(head_dim: int, warps: int, block_m: int) -> int:
-    """Dynamic shared memory of the 16-bit dK / dV kernel: K, V (16 warps rows), two buffers of
-    Q, dO (block_m rows) and of their base-2 lse and delta, and dS^T (keys x block_m / 2
-    words)."""
-    bn, dwp = 16 * warps, _padded(head_dim // 2)
+def mma_dkdv_smem_bytes(head_dim: int, warps: int, block_m: int, block_n: int = 0) -> int:
+    """Dynamic shared memory of the 16-bit dK / dV kernel: K, V (``block_n`` rows, default 16
+    per warp), two buffers of Q, dO (block_m rows) and of their base-2 lse and delta, and dS^T
+    (keys x block_m / 2 words)."""
+    bn, dwp = block_n or 16 * warps, _padded(head_dim // 2)
     return 4 * (2 * bn * dwp + 4 * block_m * dwp + bn * _padded(block_m // 2) + 4 * block_m)
 
 
@@ -827,7 +837,9 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
 
     Geometry (``mma_layout``): warp w owns keys 16 w .. 16 w + 15 of the ``block_n = 16 warps``
     key tile (K, V in shared memory; dK, dV accumulators in registers: head_dim / 2 floats
-    each per lane). Query tiles of ``block_m`` rows stream through two shared buffers by
+    each per lane); with ``block_n = 8 warps`` (``mma_dsplit`` 2, head_dim above 128) warps
+    2 i and 2 i + 1 own keys 16 i .. 16 i + 15, both compute their S^T and dP^T, and each
+    accumulates half of dK's and dV's columns. Query tiles of ``block_m`` rows stream through two shared buffers by
     cp.async (the next live tile loads while this one is worked). Per 16-row slice of a tile:
     S^T = K Q^T and dP^T = V dO^T (B operands by ldmatrix), P^T and dS^T in registers,
     dV += P^T dO and dK += dS^T Q (A from registers, B by ldmatrix.trans), dS^T to shared
@@ -836,12 +848,14 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     shared memory.
     """
     D = int(head_dim)
-    W0, _, M0 = mma_layout(D)
+    W0, N0, M0 = mma_layout(D)
     WARPS = warps or W0
-    BN, BM = 16 * int(WARPS), int(block_m or M0)
-    assert not block_n or block_n == BN, (block_n, BN)
+    BN, BM = int(block_n or (N0 if not warps else 16 * WARPS)), int(block_m or M0)
+    DSPLIT = mma_dsplit(WARPS, BN)
+    DH = D // DSPLIT                      # dK / dV columns a warp accumulates
+    assert DSPLIT in (1, 2) and DH % 16 == 0, (WARPS, BN, D)
     assert D % 16 == 0 and BM in (16, 32, 64) and ROW_PAD % BM == 0, (D, BM)
-    NT, KS, NPD, CH = 32 * WARPS, D // 16, D // 16, D // 8
+    NT, KS, NPD, CH = 32 * WARPS, D // 16, DH // 16, D // 8
     DWP, STW = _padded(D // 2), _padded(BM // 2)
     K_OFF, V_OFF, Q_OFF = 0, BN * DWP, 2 * BN * DWP
     DO_OFF = Q_OFF + 2 * BM * DWP
@@ -851,7 +865,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     MQ, NCH = BM // 16, D // DC
     # Local array sizes must be plain constants (an expression in the kernel types as a
     # runtime integer on a GPU).
-    ACC_N, DQ_N, PA_N = D // 2, DC // 2, BN // 4
+    ACC_N, DQ_N, PA_N = DH // 2, DC // 2, BN // 4
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
     ALIBI, VARLEN = bool(has_alibi), bool(varlen)
     mod = mask_mod_device(mask_mod)
@@ -867,6 +881,8 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
+        own0 = 16 * (warp // DSPLIT)        # the warp's 16 keys in the block's tile
+        col0 = (warp % DSPLIT) * DH         # and its first dK / dV column
         k0 = ktile * BN
         ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(
             VARLEN, cu_q, cu_k, b, q.shape[1], k.shape[1], seqlen_q, seqlen_k)
@@ -926,16 +942,16 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
                                 seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
             for sl in range(MQ):
                 row = cur * BM + 16 * sl              # the slice's first row in the buffers
-                mma_abt(st, BF16, ks, 16 * warp, qs, row, 1, KS, lane)      # S^T = K Q^T
-                mma_abt(dpt, BF16, vs, 16 * warp, dos, row, 1, KS, lane)    # dP^T = V dO^T
-                probs_grads(st, dpt, pkp, pkd, 2, lane, True, 16 * warp, r0 + 16 * sl, k0,
+                mma_abt(st, BF16, ks, own0, qs, row, 1, KS, lane)           # S^T = K Q^T
+                mma_abt(dpt, BF16, vs, own0, dos, row, 1, KS, lane)         # dP^T = V dO^T
+                probs_grads(st, dpt, pkp, pkd, 2, lane, True, own0, r0 + 16 * sl, k0,
                             ls[cur], dls[cur], 16 * sl, scale_log2, cap_in, cap_log2,
                             has_softcap, BF16, full, where, has_left, has_right, has_sinks, KIND,
                             mk_iv, mk_bits, mod, ALIBI, slope_log2)
-                mma_pb(dv, BF16, pkp, dos, row, 1, NPD, 0, lane)            # dV += P^T dO
-                mma_pb(dk, BF16, pkd, qs, row, 1, NPD, 0, lane)             # dK += dS^T Q
-                if ATOMIC:
-                    store_packed(dst, 16 * warp, 8 * sl, pkd, 2, lane)
+                mma_pb(dv, BF16, pkp, dos, row, 1, NPD, col0 // 2, lane)    # dV += P^T dO
+                mma_pb(dk, BF16, pkd, qs, row, 1, NPD, col0 // 2, lane)     # dK += dS^T Q
+                if ATOMIC and col0 == 0:
+                    store_packed(dst, own0, 8 * sl, pkd, 2, lane)
             if ATOMIC:
                 cuda.syncthreads()                    # dS^T of the whole tile is in place
                 dq_from_shared(dq_acc, dqa, pka, BF16, dst, ks, ab, h, q_off + r0,
@@ -944,13 +960,14 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
             cur = 1 - cur
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
-        store_fragments(dk_acc, ab, k_off + k0 + 16 * warp, h, dk, scale, k_off + seqlen_k, 0,
-                        D // 8, lane, False)
-        store_fragments(dv_acc, ab, k_off + k0 + 16 * warp, h, dv, np.float32(1.0),
-                        k_off + seqlen_k, 0, D // 8, lane, False)
+        store_fragments(dk_acc, ab, k_off + k0 + own0, h, dk, scale, k_off + seqlen_k, col0,
+                        DH // 8, lane, False)
+        store_fragments(dv_acc, ab, k_off + k0 + own0, h, dv, np.float32(1.0),
+                        k_off + seqlen_k, col0, DH // 8, lane, False)
 
     return jit_kernel(kernel, ("bwd_mma_dkdv", D, BF16, has_left, has_right, has_sinks,
-                               has_softcap, ATOMIC, KIND, WARPS, BM, ALIBI, VARLEN),
+                               has_softcap, ATOMIC, KIND, WARPS, BM, ALIBI, VARLEN)
+                      + ((BN,) if DSPLIT > 1 else ()),
                       cache=mask_mod is None)
 
 

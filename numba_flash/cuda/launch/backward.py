@@ -59,7 +59,7 @@ def backward_geometry(dtype_name: str, head_dim: int, tiles=None) -> dict:
         warps, bn, bm = tiles or bw.mma_layout(head_dim)
         dq_warps, dq_bm, dq_bn = tiles or bw.mma_dq_layout(head_dim)
         return dict(path="mma", threads=32 * warps, block_n=bn, block_m=bm, warps=warps,
-                    smem=bw.mma_dkdv_smem_bytes(head_dim, warps, bm), dq_warps=dq_warps,
+                    smem=bw.mma_dkdv_smem_bytes(head_dim, warps, bm, bn), dq_warps=dq_warps,
                     dq_block_m=dq_bm, dq_block_n=dq_bn)
     itemsize = 8 if _FULL[dtype_name] else 4
     lanes, own, streamed = tiles or bw.fma_layout(head_dim, itemsize)
