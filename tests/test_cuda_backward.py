@@ -147,6 +147,12 @@ def test_mma_wide_tiles():
     run_case(np.random.default_rng(7), "float16", 1, 150, 45, 2, 1, 16, True, tiles=WIDE_TILES)
 
 
+def test_mma_dq_units_tile_any_head_dim():
+    """head_dim 80: the atomic dQ product's column units (16 wide here) cover every column
+    (64-wide units once left columns 64-79 unwritten)."""
+    run_case(np.random.default_rng(5), "bfloat16", 1, 19, 21, 1, 1, 80, False, tiles=MMA_TILES)
+
+
 def test_mma_split_head_columns():
     """Two warps share 16 keys, each accumulating half of dK's and dV's columns (the layout of
     head_dim 160-256), GQA and a causal tail at a simulator size."""
@@ -309,11 +315,12 @@ def test_gpu_sweep(dtype_name, d, causal, window, sinks, softcap, det):
 
 
 @gpu
-@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("d", [160, 192, 256])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("d", [80, 96, 112, 160, 192, 256])
 @pytest.mark.parametrize("causal,det", [(False, False), (True, False), (True, True)])
 def test_gpu_wide_heads(dtype_name, d, causal, det):
-    """head_dim above 128 at the default tiles: two warps per 16 keys (mma_dsplit), GQA, odd
+    """head_dims other than 64 / 128 at the default tiles: 16-bit dQ units of 48 / 32 / 16
+    columns, two warps per 16 keys above 128 (mma_dsplit); the CUDA-core layouts; GQA, odd
     lengths, deterministic dQ."""
     rng = np.random.default_rng(d + causal)
     run_case(rng, dtype_name, 1, 201, 333, 4, 2, d, causal, deterministic=det)

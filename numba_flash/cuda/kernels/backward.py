@@ -599,6 +599,13 @@ def mma_layout(head_dim: int):
     return 1, 16, 16
 
 
+def dq_chunk(head_dim: int) -> int:
+    """Columns of one unit of the dK / dV kernel's atomic dQ product: the largest of 64, 48, 32,
+    16 that divides head_dim (units must tile the head exactly; 64 columns bound a unit's
+    accumulator registers)."""
+    return next(c for c in (64, 48, 32, 16) if head_dim % c == 0)
+
+
 def mma_dsplit(warps: int, block_n: int) -> int:
     """Warps sharing each 16 owned keys (each accumulates dK / dV for 1 / dsplit of the head's
     columns): 1, or 2 when a block owns 8 keys per warp."""
@@ -861,7 +868,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     DO_OFF = Q_OFF + 2 * BM * DWP
     ST_OFF = DO_OFF + 2 * BM * DWP
     L_OFF = ST_OFF + BN * STW
-    DC = min(D, 64)                       # dQ: columns per unit of work
+    DC = dq_chunk(D)                      # dQ: columns per unit of work
     MQ, NCH = BM // 16, D // DC
     # Local array sizes must be plain constants (an expression in the kernel types as a
     # runtime integer on a GPU).
