@@ -599,11 +599,14 @@ def mma_layout(head_dim: int):
     return 1, 16, 16
 
 
-def dq_chunk(head_dim: int) -> int:
-    """Columns of one unit of the dK / dV kernel's atomic dQ product: the largest of 64, 48, 32,
-    16 that divides head_dim (units must tile the head exactly; 64 columns bound a unit's
-    accumulator registers)."""
-    return next(c for c in (64, 48, 32, 16) if head_dim % c == 0)
+def dq_chunk(head_dim: int, m_tiles: int = 1, warps: int = 1) -> int:
+    """Columns of one unit of the dK / dV kernel's atomic dQ product, whose (m-tile, column
+    chunk) units are dealt to the warps: the largest of 64, 48, 32, 16 that divides head_dim
+    (units must tile the head exactly; 64 columns bound a unit's accumulator registers) and
+    still gives every warp a unit (at head_dim 64, 64-row tiles: 32 columns, eight units for
+    eight warps rather than four), else the smallest that divides it."""
+    fits = [c for c in (64, 48, 32, 16) if head_dim % c == 0]
+    return next((c for c in fits if m_tiles * (head_dim // c) >= warps), fits[-1])
 
 
 def mma_dsplit(warps: int, block_n: int) -> int:
@@ -868,7 +871,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     DO_OFF = Q_OFF + 2 * BM * DWP
     ST_OFF = DO_OFF + 2 * BM * DWP
     L_OFF = ST_OFF + BN * STW
-    DC = dq_chunk(D)                      # dQ: columns per unit of work
+    DC = dq_chunk(D, BM // 16, WARPS)     # dQ: columns per unit of work
     MQ, NCH = BM // 16, D // DC
     # Local array sizes must be plain constants (an expression in the kernel types as a
     # runtime integer on a GPU).
