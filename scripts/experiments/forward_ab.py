@@ -1,0 +1,69 @@
+"""GPU time of forward configurations whose machine code a kernel refactor changed, for an A/B
+of two source trees in alternating processes (issue 17's tile-walk helpers):
+
+    PYTHONPATH=TREE_A python scripts/experiments/forward_ab.py --tag A --json a1.json
+    PYTHONPATH=TREE_B python scripts/experiments/forward_ab.py --tag B --json b1.json  ...
+
+Each configuration: median ms of 20 calls between CUDA events after warm-up, B4 H16 N4096
+(fp32 / fp64: B2 N2048; masks: B2 N8192), torch inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import torch
+
+    import numba_flash
+    from numba_flash import masks
+
+    def timed(fn, reps=20):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return statistics.median(times)
+
+    def inputs(b, n, h, d, dtype):
+        return [torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3)]
+
+    rows = {}
+    for name, (b, n, d, dtype) in {
+            "float16_d64": (4, 4096, 64, torch.float16),
+            "bfloat16_d128": (4, 4096, 128, torch.bfloat16),
+            "float16_d256": (2, 4096, 256, torch.float16),
+            "float32_d64": (2, 2048, 64, torch.float32),
+            "float64_d128": (2, 2048, 128, torch.float64)}.items():
+        q, k, v = inputs(b, n, 16, d, dtype)
+        rows[f"{name}_causal"] = timed(lambda: numba_flash.attention(q, k, v, causal=True))
+        rows[f"{name}_full"] = timed(lambda: numba_flash.attention(q, k, v))
+        del q, k, v
+    q, k, v = inputs(2, 8192, 16, 128, torch.bfloat16)
+    docs = masks.document([1000, 3000, 192, 4000])
+    rows["bfloat16_d128_document_causal"] = timed(
+        lambda: numba_flash.attention(q, k, v, mask=docs, causal=True))
+    bits = masks.from_dense((torch.rand(8192, 8192, device="cuda") < 0.5).cpu().numpy())
+    rows["bfloat16_d128_bitmask"] = timed(lambda: numba_flash.attention(q, k, v, mask=bits), 5)
+    for key, ms in rows.items():
+        print(f"{args.tag} {key:34s} {ms:8.3f} ms", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(tag=args.tag, device=torch.cuda.get_device_name(), rows=rows), f)
+
+
+if __name__ == "__main__":
+    main()
