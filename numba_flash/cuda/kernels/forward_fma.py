@@ -9,8 +9,10 @@ The kernel body is the algorithm's steps as inline device functions (Numba IR in
 the builder's compile-time constants as arguments): ``load_q_rows``, ``copy_tile_async``,
 ``qk_scores``, ``score_transform``, ``mask_score``, ``softmax_update``, ``pv_accumulate``,
 ``store_rows``. Each was cut so that the machine code stays byte-identical
-(``scripts/sass_snapshot.py --compare``); the key-tile walk and the flags' whole-tile test stay
-inline, since as helpers they changed it.
+(``scripts/sass_snapshot.py --compare``). The key-tile walk's pieces shared with the tensor-core
+kernel (``skip_empty_chunks``, ``first_in_chunk``, ``flags_see_whole_tile``) live in masking.py;
+they change the machine code of the causal and mask-object configurations (no new spills;
+docs/perf-notes.md).
 """
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ from numba import cuda
 from numba.cuda import types
 
 from ..primitives import (SIMULATOR, cp_async16, cp_async_commit, cp_async_wait_all, lds16,
-                          lowest_bit, shfl_xor)
+                          shfl_xor)
 from .forward_geometry import fma_lanes_per_row, fma_rows_per_lane, fma_threads
 from .jitcache import jit_kernel
-from .masking import (BITMASK, INTERVALS, NONE, bit_visible, chunk_classes, interval_visible,
-                      key_tiles, mask_mod_device, past_sinks, score_mod_device)
+from .masking import (BITMASK, INTERVALS, NONE, bit_visible, chunk_classes, first_in_chunk,
+                      flags_see_whole_tile, interval_visible, key_tiles, mask_mod_device,
+                      past_sinks, score_mod_device, skip_empty_chunks)
 from .sequences import packed_sequence
 from .tile_ops import window_visible
 
@@ -376,12 +379,10 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         if KIND != NONE:
             vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
                                          tile_hi, sink_tiles, r_lo, r_hi)
-            while vbits == 0 and base + 32 <= last:
-                base += 32
-                base = past_sinks(base, tile_lo, sink_tiles, has_sinks)
-                vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
-                                             tile_hi, sink_tiles, r_lo, r_hi)
-            tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
+            base, vbits, fbits = skip_empty_chunks(KIND, mk_mm, mk_tab, tb, qtile, base, vbits,
+                                                   fbits, lane, last, tile_lo, tile_hi,
+                                                   sink_tiles, r_lo, r_hi, has_sinks)
+            tile = first_in_chunk(base, vbits, last)
         if tile <= last:
             copy_tile_async(ks, k, ab, k_off, hk, tile * BN, seqlen_k, tid, NT, COPY_ITERS,
                             COPY_EXACT, BN, CPR, CH)
@@ -391,23 +392,15 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
             if KIND != NONE:
                 mask_full = ((fbits >> (tile - base)) & 1) != 0
                 vbits &= vbits - 1
-                while vbits == 0 and base + 32 <= last:
-                    base += 32
-                    base = past_sinks(base, tile_lo, sink_tiles, has_sinks)
-                    vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
-                                                 tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
-                nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1
-            # Do the flags see every pair of the tile? (Inline: as a device function, and so
-            # the tile walk above, this changed the machine code; docs/perf-notes.md.)
+                base, vbits, fbits = skip_empty_chunks(KIND, mk_mm, mk_tab, tb, qtile, base, vbits,
+                                                       fbits, lane, last, tile_lo, tile_hi,
+                                                       sink_tiles, r_lo, r_hi, has_sinks)
+                nxt = first_in_chunk(base, vbits, last)
+            # Is every (row, key) pair of this tile visible? Then no per-element mask.
             in_window = tile >= tile_lo and tile <= tile_hi
             k0 = tile * BN
-            full = k0 + BN <= seqlen_k and in_window
-            if has_left:
-                full = full and k0 >= q_hi - window_left
-            if has_right:
-                full = full and k0 + BN - 1 <= q_lo + window_right
-            if has_sinks:
-                full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
+            full = flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k, window_left,
+                                        window_right, sinks, BN, has_left, has_right, has_sinks)
             if KIND != NONE:
                 full = full and mask_full
 

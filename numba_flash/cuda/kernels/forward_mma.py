@@ -17,16 +17,16 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (SIMULATOR, cp_async_commit, cp_async_wait_all, fence_proxy_async,
-                          lowest_bit)
+from ..primitives import SIMULATOR, cp_async_commit, cp_async_wait_all, fence_proxy_async
 from .forward_geometry import MMA_THREADS, WG_THREADS, mma_q_in_smem, mma_swizzled
 from .forward_mma_tiles import (copy_coords, copy_k_stage, copy_rows, exp_and_pack, init_rows,
                                 ldmatrix_lane, load_q_fragments, mask_tile, pv_mma, pv_wgmma,
                                 qk_mma, qk_wgmma, rescale_acc, score_logits, store_output,
                                 update_row_max, wgmma_tiles)
 from .jitcache import jit_kernel
-from .masking import (INTERVALS, LOG2E, NONE, chunk_classes, key_tiles, mask_mod_device,
-                      past_sinks, score_mod_device)
+from .masking import (INTERVALS, LOG2E, NONE, chunk_classes, first_in_chunk,
+                      flags_see_whole_tile, key_tiles, mask_mod_device, past_sinks,
+                      score_mod_device, skip_empty_chunks)
 from .sequences import packed_sequence
 
 __all__ = ["make_mma_kernel"]
@@ -231,12 +231,10 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         if KIND != NONE:
             vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
                                          tile_hi, sink_tiles, r_lo, r_hi)
-            while vbits == 0 and base + 32 <= last:
-                base += 32
-                base = past_sinks(base, tile_lo, sink_tiles, has_sinks)
-                vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
-                                             tile_hi, sink_tiles, r_lo, r_hi)
-            tile = base + lowest_bit(vbits) if vbits != 0 else last + 1
+            base, vbits, fbits = skip_empty_chunks(KIND, mk_mm, mk_tab, tb, qtile, base, vbits,
+                                                   fbits, lane, last, tile_lo, tile_hi,
+                                                   sink_tiles, r_lo, r_hi, has_sinks)
+            tile = first_in_chunk(base, vbits, last)
         if tile <= last:
             if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
                 copy_rows(qs, sbase + Q_OFF + cp_dst, q, ab, q_off, qtile * BM, seqlen_q, h, cp_row,
@@ -250,22 +248,15 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
             if KIND != NONE:
                 mask_full = ((fbits >> (tile - base)) & 1) != 0
                 vbits &= vbits - 1          # drop this tile; the next set bit is nxt
-                while vbits == 0 and base + 32 <= last:
-                    base += 32
-                    base = past_sinks(base, tile_lo, sink_tiles, has_sinks)
-                    vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane,
-                                                 tile_lo, tile_hi, sink_tiles, r_lo, r_hi)
-                nxt = base + lowest_bit(vbits) if vbits != 0 else last + 1
+                base, vbits, fbits = skip_empty_chunks(KIND, mk_mm, mk_tab, tb, qtile, base, vbits,
+                                                       fbits, lane, last, tile_lo, tile_hi,
+                                                       sink_tiles, r_lo, r_hi, has_sinks)
+                nxt = first_in_chunk(base, vbits, last)
+            # Is every (row, key) pair of this tile visible? Then no per-element mask.
             in_window = tile >= tile_lo and tile <= tile_hi
             k0 = tile * BN
-            # Is every (row, key) pair of this tile visible? Then no per-element mask.
-            full = k0 + BN <= seqlen_k and in_window
-            if has_left:
-                full = full and k0 >= q_hi - window_left
-            if has_right:
-                full = full and k0 + BN - 1 <= q_lo + window_right
-            if has_sinks:
-                full = full or (k0 + BN <= sinks and k0 + BN - 1 <= q_lo and k0 + BN <= seqlen_k)
+            full = flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k, window_left,
+                                        window_right, sinks, BN, has_left, has_right, has_sinks)
             if KIND != NONE:
                 full = full and mask_full
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from numba import cuda
 
-from ..primitives import SIMULATOR, ballot
+from ..primitives import SIMULATOR, ballot, lowest_bit
 from .tile_classes import FULL, SKIP, interval_class
 
 __all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes", "key_tiles",
-           "past_sinks",
+           "past_sinks", "skip_empty_chunks", "first_in_chunk", "flags_see_whole_tile",
            "interval_visible", "interval_visible2", "bit_visible", "always_visible",
            "score_unchanged", "mask_mod_device", "score_mod_device", "LOG2E", "LN2"]
 
@@ -121,6 +121,47 @@ def chunk_classes(kind, mm, tab, tb, qtile, base, lane, tile_lo, tile_hi, sink_t
     if (t >= tile_lo and t <= tile_hi) or t < sink_tiles:
         cls = tile_class(kind, mm, tab, tb, qtile, t, a, b)
     return ballot(cls != SKIP), ballot(cls == FULL)
+
+
+@cuda.jit(device=True, inline=True)
+def skip_empty_chunks(kind, mm, tab, tb, qtile, base, visible, full, lane, last, tile_lo,
+                      tile_hi, sink_tiles, a, b, has_sinks):
+    """The walk's move past exhausted chunks: while the chunk at ``base`` has no visible tile
+    left (``visible == 0``) and a next chunk starts at or before tile ``last``, go to that
+    chunk (past the gap between the sink tiles and the window, ``past_sinks``) and classify it
+    (``chunk_classes``). Returns ``(base, visible, full)`` of the chunk reached. Must be called
+    by the whole warp."""
+    while visible == 0 and base + 32 <= last:
+        base += 32
+        base = past_sinks(base, tile_lo, sink_tiles, has_sinks)
+        visible, full = chunk_classes(kind, mm, tab, tb, qtile, base, lane, tile_lo, tile_hi,
+                                      sink_tiles, a, b)
+    return base, visible, full
+
+
+@cuda.jit(device=True, inline=True)
+def first_in_chunk(base, visible, last):
+    """The first visible tile of the chunk at ``base`` (lowest set bit of ``visible``), or
+    ``last + 1`` (the walk is over) when it has none."""
+    return base + lowest_bit(visible) if visible != 0 else last + 1
+
+
+@cuda.jit(device=True, inline=True)
+def flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k, window_left, window_right, sinks,
+                         block_n, has_left, has_right, has_sinks):
+    """Whether the flags let every query position ``q_lo..q_hi`` see every key of the tile
+    ``k0 .. k0 + block_n - 1`` (``in_window``: a window tile of ``key_tiles``): all keys inside
+    ``seqlen_k`` and inside every row's window, or all sinks that every row comes after. Such a
+    tile needs no per-element mask of the flags."""
+    full = k0 + block_n <= seqlen_k and in_window
+    if has_left:
+        full = full and k0 >= q_hi - window_left
+    if has_right:
+        full = full and k0 + block_n - 1 <= q_lo + window_right
+    if has_sinks:
+        full = full or (k0 + block_n <= sinks and k0 + block_n - 1 <= q_lo
+                        and k0 + block_n <= seqlen_k)
+    return full
 
 
 LOG2E = 1.4426950408889634
