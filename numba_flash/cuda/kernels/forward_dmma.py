@@ -4,10 +4,8 @@ float64), at tensor-core rate. Flags only (causal, window, sinks, softcap) and G
 objects, packed batches, ALiBi and score_mod stay on the CUDA-core kernel.
 
 A block of 4 warps owns 32 query rows, a warp 8 (one m-tile). Q's A fragments (``a0 = Q[g, kk*4
-+ t]``) sit in registers for the whole key loop; K and V tiles of ``BN`` keys (16 up to head_dim
-64, 8 above: two buffers of each fit 48 KB of static shared memory) go to shared memory by
-cp.async, double-buffered: the next tile's copy is in flight while this one is computed (rows
-padded by 4 doubles so a fragment load touches distinct banks). Per tile:
++ t]``) sit in registers for the whole key loop; K and V tiles of ``BN`` keys go to shared memory
+by cp.async (rows padded by 4 doubles so a fragment load touches distinct banks). Per tile:
 S = Q K^T on DMMA (B fragment ``K[n*8 + g, kk*4 + t]``), the online softmax on the accumulator
 fragment (lane (g, t) holds S[g, 2t], S[g, 2t + 1] of each 8-key n-tile; the row's 4 lanes
 combine by shuffles), P staged through the warp's own shared buffer into A fragments
@@ -24,22 +22,17 @@ import math
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import SIMULATOR, cp_async_wait_all, mma_f64, shfl_xor, syncwarp
+from ..primitives import SIMULATOR, mma_f64, shfl_xor, syncwarp
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
-from .tile_ops import masked_score, prefetch_kv_tile
+from .tile_ops import load_kv_tile, masked_score
 
-__all__ = ["make_dmma_kernel", "dmma_supported", "dmma_block_n", "DMMA_BLOCK_M", "DMMA_THREADS"]
+__all__ = ["make_dmma_kernel", "dmma_supported", "DMMA_BLOCK_M", "DMMA_THREADS", "DMMA_BLOCK_N"]
 
 DMMA_BLOCK_M = 32
 DMMA_THREADS = 128
+DMMA_BLOCK_N = 16
 _PAD = 4                         # doubles of padding per shared row
-
-
-def dmma_block_n(head_dim: int) -> int:
-    """Keys per tile: 16 up to head_dim 64, else 8 (two K and two V buffers of BN rows, padded,
-    stay within 48 KB of static shared memory)."""
-    return 16 if head_dim <= 64 else 8
 
 
 def dmma_supported(head_dim: int) -> bool:
@@ -56,9 +49,8 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
     if not dmma_supported(D):
         raise ValueError(f"head_dim must be one of 32, 64, 96, 128 for the DMMA kernel, got {D}")
     KS, ND = D // 4, D // 8              # k-steps of Q K^T; n-tiles of the output
-    BN, BM, NT = dmma_block_n(D), DMMA_BLOCK_M, DMMA_THREADS
+    BN, BM, NT = DMMA_BLOCK_N, DMMA_BLOCK_M, DMMA_THREADS
     NS, KP = BN // 8, BN // 4            # n-tiles of S; k-steps of P V
-    KV_ROWS = 2 * BN                     # two buffers
     DP = D + _PAD                        # shared row length (doubles)
     CPR = D // 2                         # 16-byte copies per K / V row
     COPIES = BN * CPR // NT              # per thread and tile, for K and again for V
@@ -75,12 +67,12 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
-        if SIMULATOR:               # two buffers of BN rows each
-            ks = cuda.shared.array((KV_ROWS, DP), f64)
-            vs = cuda.shared.array((KV_ROWS, DP), f64)
+        if SIMULATOR:
+            ks = cuda.shared.array((BN, DP), f64)
+            vs = cuda.shared.array((BN, DP), f64)
         else:       # cp.async writes 16-byte aligned rows
-            ks = cuda.shared.array((KV_ROWS, DP), f64, alignment=16)
-            vs = cuda.shared.array((KV_ROWS, DP), f64, alignment=16)
+            ks = cuda.shared.array((BN, DP), f64, alignment=16)
+            vs = cuda.shared.array((BN, DP), f64, alignment=16)
         ps = cuda.shared.array((4, 8, BN), f64)        # each warp's P tile
         qf = cuda.local.array(KS, f64)
         s = cuda.local.array(SN, f64)
@@ -99,23 +91,14 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             q_lo, q_hi, seqlen_k, BN, has_left, has_right, has_sinks, window_left, window_right,
             sinks)
         tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
-        if tile <= last:
-            prefetch_kv_tile(ks, vs, 0, k, v, b, hk, tile * BN, seqlen_k, tid, NT, COPIES, CPR, 2)
-        cur = 0
         while tile <= last:
             k0 = tile * BN
-            nxt = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
-            cp_async_wait_all()
-            cuda.syncthreads()      # this tile has landed; every warp is done with the other
-            if nxt <= last:
-                prefetch_kv_tile(ks, vs, (1 - cur) * BN, k, v, b, hk, nxt * BN, seqlen_k, tid,
-                                 NT, COPIES, CPR, 2)
-            r0 = cur * BN                        # the tile's first row in the buffers
+            load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 2)
             for e in range(SN):
                 s[e] = 0.0
             for n in range(NS):                  # S = Q K^T
                 for kk in range(KS):
-                    s[2 * n], s[2 * n + 1] = mma_f64(qf[kk], ks[r0 + n * 8 + g, kk * 4 + t],
+                    s[2 * n], s[2 * n + 1] = mma_f64(qf[kk], ks[n * 8 + g, kk * 4 + t],
                                                      s[2 * n], s[2 * n + 1])
             mx = NEG_INF
             for n in range(NS):                  # scale, softcap, mask; the row's max
@@ -146,12 +129,10 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             for kk in range(KP):                 # O += P V
                 a0 = ps[warp, g, kk * 4 + t]
                 for n in range(ND):
-                    o[2 * n], o[2 * n + 1] = mma_f64(a0, vs[r0 + kk * 4 + t, n * 8 + g],
+                    o[2 * n], o[2 * n + 1] = mma_f64(a0, vs[kk * 4 + t, n * 8 + g],
                                                      o[2 * n], o[2 * n + 1])
             syncwarp()                           # P read before the next tile overwrites it
-            cur = 1 - cur
-            tile = nxt
-        cp_async_wait_all()         # nothing may be in flight when the block exits
+            tile = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
         if row < seqlen_q:
             inv = 1.0 / l if l != 0 else 0.0     # a NaN l stays NaN (docs/api.md)
             for n in range(ND):

@@ -33,24 +33,6 @@ def load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_ro
 
 
 @cuda.jit(device=True, inline=True)
-def prefetch_kv_tile(ks, vs, row0, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_row,
-                     per_copy):
-    """Start copying rows ``k0 ..`` of ``k[b, :, hk, :]`` and ``v[...]`` into the shared tiles
-    ``ks`` / ``vs`` from row ``row0`` (zeros past ``seqlen_k``) by cp.async, as one committed
-    group (``copies`` 16-byte copies per thread, ``per_row`` per row, ``per_copy`` elements
-    each); the caller waits for it (cp_async_wait_all, then a barrier) before reading."""
-    for c in range(copies):
-        i = c * threads + tid
-        r = i // per_row
-        col = (i - r * per_row) * per_copy
-        ok = k0 + r < seqlen_k
-        src = k0 + r if ok else 0
-        cp_async16(ks, row0 + r, col, k, b, src, hk, col, 16 if ok else 0)
-        cp_async16(vs, row0 + r, col, v, b, src, hk, col, 16 if ok else 0)
-    cp_async_commit()
-
-
-@cuda.jit(device=True, inline=True)
 def window_visible(key, qpos, window_left, window_right, sinks, has_left, has_right, has_sinks):
     """Whether the flags let query position ``qpos`` see key ``key`` (bottom-right aligned): inside
     the window (``has_left`` / ``has_right``: ``qpos - window_left <= key <= qpos +
