@@ -18,6 +18,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--exact", action="store_true",
+                    help="float64 on DMMA (precision='tensor_cores') and SDPA's math fp64 only")
     args = ap.parse_args()
     import torch
 
@@ -42,6 +44,22 @@ def main():
         return [torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3)]
 
     rows = {}
+    if args.exact:
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        for d in (64, 128):
+            q, k, v = inputs(2, 2048, 16, d, torch.float64)
+            qs, ks, vs = (x.transpose(1, 2) for x in (q, k, v))
+            for causal in (False, True):
+                tag = f"float64_d{d}_{'causal' if causal else 'full'}"
+                rows[f"dmma_{tag}"] = timed(lambda: numba_flash.attention(
+                    q, k, v, causal=causal, precision="tensor_cores"))
+                with sdpa_kernel(SDPBackend.MATH):
+                    rows[f"sdpa_math_{tag}"] = timed(lambda: F.scaled_dot_product_attention(
+                        qs, ks, vs, is_causal=causal), 5)
+        _report(args, rows, torch)
+        return
     for name, (b, n, d, dtype) in {
             "float16_d64": (4, 4096, 64, torch.float16),
             "bfloat16_d128": (4, 4096, 128, torch.bfloat16),
@@ -58,6 +76,10 @@ def main():
         lambda: numba_flash.attention(q, k, v, mask=docs, causal=True))
     bits = masks.from_dense((torch.rand(8192, 8192, device="cuda") < 0.5).cpu().numpy())
     rows["bfloat16_d128_bitmask"] = timed(lambda: numba_flash.attention(q, k, v, mask=bits), 5)
+    _report(args, rows, torch)
+
+
+def _report(args, rows, torch):
     for key, ms in rows.items():
         print(f"{args.tag} {key:34s} {ms:8.3f} ms", flush=True)
     if args.json:

@@ -374,9 +374,10 @@ def make_reduce_kernel(half: bool, is_bf16: bool):
 # ----------------------------------------------------------------------------- CUDA-core path
 def fma_layout(head_dim: int, itemsize: int):
     """(lanes per key / row, keys (rows) owned per block, rows (keys) per streamed tile) of the
-    float32 / float64 kernels: 2 lanes up to head_dim 32, then head_dim / 16 (at most 8); 32
-    owned rows; streamed tiles of Q and dO (K and V) within 32 KB of shared memory."""
-    lanes = min(8, max(2, head_dim // 16))
+    float32 / float64 kernels: 2 lanes up to head_dim 32, then head_dim / 16 rounded down to a
+    power of two (lanes must divide the warp), at most 8; 32 owned rows; streamed tiles of Q and
+    dO (K and V) within 32 KB of shared memory."""
+    lanes = 1 << (min(8, max(2, head_dim // 16)).bit_length() - 1)
     stream = max(8, min(32, 16384 // (head_dim * itemsize)))
     return lanes, 32, stream
 
