@@ -1,12 +1,14 @@
 """Host time and loop wall time per call: numba_flash against PyTorch SDPA in the same process.
 
-    python scripts/bench_overhead.py [--calls 200] [--json out.json]
+    python scripts/bench_overhead.py [--calls 200] [--rounds 7] [--json out.json]
 
 For each of issue 17's six shapes (three decode calls, three causal prefills, fp16), and for
 varlen attention, paged decode and merge_states, with torch and CuPy inputs:
 
 * host us/call: wall time of ``calls`` back-to-back calls before synchronising, per call (what
   the Python side costs while the GPU queue absorbs the kernels; the queue is drained first);
+  median of ``rounds`` rounds, each running one loop of every library in turn (ours with torch,
+  ours with CuPy, SDPA), so that the host's changing speed falls on all of them alike;
 * loop us/call: wall time of the same loop plus the final synchronisation, per call (what a
   user's loop pays: the larger of host and GPU time per call).
 
@@ -25,23 +27,31 @@ DECODE = [(1, 32, 32, 8192, 128), (1, 64, 8, 32768, 64), (32, 32, 8, 2048, 128)]
 PREFILL = [(1, 16, 128, 64), (1, 16, 512, 128), (4, 16, 1024, 128)]
 
 
-def loop_times(fn, sync, calls):
-    """(host us/call, loop us/call) of ``calls`` back-to-back calls, median of 5 loops."""
-    for _ in range(3):
-        fn()
+def one_loop(fn, sync, calls):
+    """(host us/call, loop us/call) of ``calls`` back-to-back calls after a drained queue."""
     sync()
-    host, wall = [], []
-    for _ in range(5):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    sync()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def interleaved_times(fns, sync, calls, rounds=7):
+    """{library: (host us/call, loop us/call)}, each the median over ``rounds`` rounds; every
+    round runs one loop of each library in turn, so that a slow spell of the host (its speed
+    varies by tens of percent between minutes on the lent machines) falls on all of them."""
+    for fn in fns.values():
+        for _ in range(3):
             fn()
-        t1 = time.perf_counter()
-        sync()
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / calls * 1e6)
-        wall.append((t2 - t0) / calls * 1e6)
-    return float(np.median(host)), float(np.median(wall))
+    samples = {lib: [] for lib in fns}
+    for _ in range(rounds):
+        for lib, fn in fns.items():
+            samples[lib].append(one_loop(fn, sync, calls))
+    return {lib: (float(np.median([h for h, _ in got])), float(np.median([w for _, w in got])))
+            for lib, got in samples.items()}
 
 
 def cases(torch, cp):
@@ -112,6 +122,7 @@ def extra_cases(torch, cp, numba_flash):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import cupy as cp
@@ -122,9 +133,10 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}  date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"{'case':52s} {'lib':6s} {'host us':>8s} {'loop us':>8s} {'SDPA loop':>9s} {'ratio':>6s}")
     for name, fns in cases(torch, cp):
-        sdpa = loop_times(fns["sdpa"], sync, args.calls) if "sdpa" in fns else None
+        times = interleaved_times(fns, sync, args.calls, args.rounds)
+        sdpa = times.get("sdpa")
         for lib in ("torch", "cupy"):
-            host, wall = loop_times(fns[lib], sync, args.calls)
+            host, wall = times[lib]
             ratio = f"{wall / sdpa[1]:6.2f}" if sdpa else "     -"
             ref = f"{sdpa[1]:9.1f}" if sdpa else "        -"
             print(f"{name:52s} {lib:6s} {host:8.1f} {wall:8.1f} {ref} {ratio}")
