@@ -1,0 +1,35 @@
+"""Small cases of each backward kernel layout, for compute-sanitizer (memcheck, racecheck).
+
+    python scripts/sanitize_backward.py
+
+numba_flash.attention_backward on torch tensors (Sq 77, Sk 93, GQA 2, causal and full): the
+16-bit dK / dV kernel at head_dim 64 and 128 (one warp per 16 keys), 80 (16-column dQ units)
+and 192 / 256 (two warps per 16 keys), atomic and deterministic dQ; float32 / float64 at 64
+and 96 (CUDA-core kernels).
+"""
+import torch
+
+import numba_flash
+
+
+def run(dtype, d, causal, deterministic):
+    q = torch.randn(1, 77, 2, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(1, 93, 1, d, device="cuda", dtype=dtype) for _ in range(2))
+    out, lse = numba_flash.attention(q, k, v, causal=causal, return_lse=True)
+    dout = torch.randn_like(out)
+    numba_flash.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                   deterministic=deterministic)
+
+
+def main():
+    for dtype, dims in ((torch.float16, (64, 80, 128, 192, 256)), (torch.bfloat16, (256,)),
+                        (torch.float32, (64, 96)), (torch.float64, (64, 96))):
+        for d in dims:
+            for causal, det in ((False, False), (True, False), (True, True)):
+                run(dtype, d, causal, det)
+    torch.cuda.synchronize()
+    print("sanitize_backward: done")
+
+
+if __name__ == "__main__":
+    main()
