@@ -658,13 +658,19 @@ def mma_abt(acc, is_bf16, a_tile, a_row, b_tile, b_row, n_pairs, ksteps, lane):
     j in ``acc[4 j:4 j + 4]``."""
     v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
     v_col = (lane >> 4) * 4
+    # B's matrices in the order the two n-tiles' mma operands take them, (rows 0-7, k 0-7),
+    # (0-7, k 8-15), (8-15, k 0-7), (8-15, k 8-15), so each operand pair is two consecutive
+    # registers of the load (another order costs register moves before every mma).
+    b_row_lane = (lane >> 4) * 8 + (lane & 7)
+    b_col_lane = ((lane >> 3) & 1) * 4
     for i in range(8 * n_pairs):
         acc[i] = 0
     for kk in range(ksteps):
+        # A's matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15)
         a0, a1, a2, a3 = ldmatrix_x4_a32(a_tile, a_row + v_row, kk * 8 + v_col)
         for jj in range(n_pairs):
-            # matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15)
-            b0, b2, b1, b3 = ldmatrix_x4_a32(b_tile, b_row + jj * 16 + v_row, kk * 8 + v_col)
+            b0, b1, b2, b3 = ldmatrix_x4_a32(b_tile, b_row + jj * 16 + b_row_lane,
+                                             kk * 8 + b_col_lane)
             mma_pair(acc, 8 * jj, is_bf16, a0, a1, a2, a3, b0, b1, b2, b3)
 
 
@@ -687,10 +693,12 @@ def mma_pb(acc, is_bf16, pk, b_tile, b_row, ksteps, n_pairs, col0, lane):
 def transposed_fragments(pk, ts, row_word, ksteps, lane):
     """A fragments of M (16 rows x 16 ksteps keys) from the shared word tile ``ts`` holding
     M^T ([key][row pair]; M's rows from word ``row_word``), by ldmatrix.trans."""
-    v_row = ((lane >> 3) & 1) * 8 + (lane & 7)
-    v_col = (lane >> 4) * 4
+    # lanes 8-15 address M's rows 8-15 and lanes 16-23 its keys 8-15, so the four matrices
+    # arrive in A-fragment order (a0, a1, a2, a3): consecutive registers, no moves
+    t_row = (lane >> 4) * 8 + (lane & 7)
+    t_col = ((lane >> 3) & 1) * 4
     for kb in range(ksteps):
-        a0, a2, a1, a3 = ldmatrix_x4_trans_a32(ts, kb * 16 + v_row, row_word + v_col)
+        a0, a1, a2, a3 = ldmatrix_x4_trans_a32(ts, kb * 16 + t_row, row_word + t_col)
         pk[4 * kb] = a0
         pk[4 * kb + 1] = a1
         pk[4 * kb + 2] = a2
@@ -779,11 +787,24 @@ def prefetch_rows(dst, drow, src, b, r0, h, limit, rows, chunks, tid, nthreads):
     ``chunks`` = words / 4 per row: a compile-time constant, so the division below is a
     shift) into the shared tile ``dst`` from row ``drow``, 16 bytes per copy; rows at or past
     ``limit`` become zeros (their source address clamped into the array)."""
-    for i in range(tid, rows * chunks, nthreads):
-        r = i // chunks
-        c = 4 * (i - r * chunks)
-        row = r0 + r
-        cp_async16(dst, drow + r, c, src, b, min(row, limit - 1), h, c, 16 if row < limit else 0)
+    if nthreads % chunks == 0 and (rows * chunks) % nthreads == 0:
+        # the common geometry: every thread copies the same column of rows nthreads / chunks
+        # apart, a compile-time number of times (no per-copy division or loop bound)
+        step = nthreads // chunks
+        r = tid // chunks
+        c = 4 * (tid - r * chunks)
+        for _ in range(rows * chunks // nthreads):
+            row = r0 + r
+            cp_async16(dst, drow + r, c, src, b, min(row, limit - 1), h, c,
+                       16 if row < limit else 0)
+            r += step
+    else:
+        for i in range(tid, rows * chunks, nthreads):
+            r = i // chunks
+            c = 4 * (i - r * chunks)
+            row = r0 + r
+            cp_async16(dst, drow + r, c, src, b, min(row, limit - 1), h, c,
+                       16 if row < limit else 0)
 
 
 @cuda.jit(device=True, inline=True)

@@ -39,15 +39,25 @@ if not SIMULATOR:
         size = context.get_constant(types.int64, aryty.dtype.bitwidth // 8)
         return builder.add(builder.ptrtoint(ary.data, ir.IntType(64)), builder.mul(off, size))
 
-    def shared_address_i32(context, builder, aryty, aryval, idx_types, idx_vals):
+    def shared_address_i32(context, builder, aryty, aryval, idx_types, idx_vals,
+                           last_apart=False):
         """32-bit shared-window address of ``ary[idx...]`` (a shared array): the array's base
         converted once (a pure asm that LLVM hoists and shares between accesses) plus the
         element's byte offset in 32-bit arithmetic, so a constant offset folds into the
-        instruction's immediate."""
+        instruction's immediate. ``last_apart``: the last index (a contiguous axis) is added
+        as index x itemsize after the others' offset, so that a compile-time part of it
+        (a k-step's column) lands in the immediate even when the rows vary at run time."""
         i64, i32 = ir.IntType(64), ir.IntType(32)
         data = builder.ptrtoint(context.make_array(aryty)(context, builder, aryval).data, i64)
+        last = None
+        if last_apart:
+            last = context.cast(builder, idx_vals[-1], idx_types[-1], types.int32)
+            idx_vals = list(idx_vals[:-1]) + [context.get_constant(idx_types[-1], 0)]
         elem = item_pointer_i64(context, builder, aryty, aryval, idx_types, idx_vals)
         off = builder.trunc(builder.sub(elem, data), i32)
+        if last_apart:
+            size = ir.Constant(i32, aryty.dtype.bitwidth // 8)
+            off = builder.add(off, builder.mul(last, size))
         base = builder.call(ir.InlineAsm(ir.FunctionType(i32, [i64]),
                                          "{ .reg .u64 t; cvta.to.shared.u64 t, $1; "
                                          "cvt.u32.u64 $0, t; }", "=r,l"), [data])

@@ -40,7 +40,7 @@ if not SIMULATOR:
                 i32 = ir.IntType(32)
                 if addr32:
                     addr = shared_address_i32(context, builder, sig.args[0], args[0],
-                                              sig.args[1:], args[1:])
+                                              sig.args[1:], args[1:], last_apart=not trans)
                     fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
                     asm = ir.InlineAsm(fnty, op, "=r,=r,=r,=r,r,~{memory}", side_effect=True)
                 else:
