@@ -1,0 +1,56 @@
+"""Forward + backward GPU time of a few configurations, for an A/B of two source trees in
+alternating processes (kernel changes whose effect is smaller than the spread between runs):
+
+    PYTHONPATH=TREE python scripts/experiments/backward_ab.py --tag A --json a1.json
+
+fp16 (4, 16, 4096, D), torch tensors; median ms of 7 forward + backward pairs between CUDA
+events after 2 warm-ups.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import torch
+
+    import numba_flash
+
+    rows = {}
+    for d, causal in ((128, True), (128, False), (64, True), (256, True)):
+        q, k, v = (torch.randn(4, 4096, 16, d, device="cuda", dtype=torch.float16)
+                   for _ in range(3))
+        dout = torch.randn_like(q)
+
+        def step():
+            out, lse = numba_flash.attention(q, k, v, causal=causal, return_lse=True)
+            numba_flash.attention_backward(dout, q, k, v, out, lse, causal=causal)
+
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(7):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        rows[f"d{d}_{'causal' if causal else 'full'}"] = statistics.median(times)
+        del q, k, v, dout
+    for key, ms in rows.items():
+        print(f"{args.tag} {key:14s} {ms:8.3f} ms", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(tag=args.tag, device=torch.cuda.get_device_name(), rows=rows), f)
+
+
+if __name__ == "__main__":
+    main()
