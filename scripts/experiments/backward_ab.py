@@ -9,8 +9,8 @@ events after 2 warm-ups.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
+
+from forward_ab import _report, timed
 
 
 def main():
@@ -32,24 +32,9 @@ def main():
             out, lse = numba_flash.attention(q, k, v, causal=causal, return_lse=True)
             numba_flash.attention_backward(dout, q, k, v, out, lse, causal=causal)
 
-        for _ in range(2):
-            step()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(7):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        rows[f"d{d}_{'causal' if causal else 'full'}"] = statistics.median(times)
+        rows[f"d{d}_{'causal' if causal else 'full'}"] = timed(step, reps=7, warmup=2)
         del q, k, v, dout
-    for key, ms in rows.items():
-        print(f"{args.tag} {key:14s} {ms:8.3f} ms", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(tag=args.tag, device=torch.cuda.get_device_name(), rows=rows), f)
+    _report(args, rows, torch)
 
 
 if __name__ == "__main__":

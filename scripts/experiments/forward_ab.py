@@ -14,6 +14,24 @@ import json
 import statistics
 
 
+def timed(fn, reps=20, warmup=3):
+    """Median ms of ``reps`` calls of ``fn``, each alone between two CUDA events (torch)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="")
@@ -25,20 +43,6 @@ def main():
 
     import numba_flash
     from numba_flash import masks
-
-    def timed(fn, reps=20):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return statistics.median(times)
 
     def inputs(b, n, h, d, dtype):
         return [torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3)]
