@@ -18,7 +18,7 @@ case "${1:-}" in
     timeout 540 python -m pytest -q -n 16 -p no:cacheprovider tests 2>&1 \
       | tee "$OUT/gpu_tests.log" | tail -25 ;;
   memcheck|racecheck)
-    for driver in sanitize_decode.py sanitize_case.py; do
+    for driver in sanitize_decode.py sanitize_case.py sanitize_backward.py; do
       echo "== $1 $driver"
       timeout 270 compute-sanitizer --tool "$1" --report-api-errors no \
         python "scripts/$driver" > "$OUT/sanitize_${1}_${driver%.py}.log" 2>&1
