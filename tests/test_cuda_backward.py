@@ -220,8 +220,9 @@ def test_alibi(case):
     dtype_name, tiles, det, shape, flags = case
     rng = np.random.default_rng(9)
     slopes = rng.uniform(0.05, 0.5, shape).astype(np.float32)
-    run_case(rng, dtype_name, 2, 37, 45, 2, 1, 16, deterministic=det, tiles=tiles, alibi=slopes,
-             **flags)
+    batch = shape[0] if len(shape) == 2 else 1      # per-batch slopes need two sequences
+    run_case(rng, dtype_name, batch, 37, 45, 2, 1, 16, deterministic=det, tiles=tiles,
+             alibi=slopes, **flags)
 
 
 def _check_rule(dtype_name, got, ref, naive):

@@ -18,10 +18,12 @@ from gpu_arrays import no_repeat_path, to_device, to_host
 
 CASES = [  # b, sq, sk, hq, hkv, d, options
     (1, 17, 23, 2, 1, 32, dict(causal=True)),
-    (1, 40, 40, 2, 2, 64, dict(window_size=(9, 3), sinks=2)),
+    (1, 40, 40, 1, 1, 64, dict(window_size=(9, 3), sinks=2)),
     (1, 40, 17, 1, 1, 32, dict(causal=True, softcap=2.5)),   # rows that see no key
-    (1, 33, 20, 2, 1, 96, dict(causal=True)),                 # Q in shared memory, 2 warps
+    (1, 33, 20, 1, 1, 96, dict(causal=True)),                 # Q in shared memory, 2 warps
 ]
+# One head where GQA is not the point: each head is a block, and the simulator's 3xTF32
+# products dominate the suite's time (59 s and 38 s at two heads on the 2-core CI machine).
 
 
 def _run(tf32, q, k, v, kw):
