@@ -794,17 +794,21 @@ def prefetch_rows(dst, drow, src, b, r0, h, limit, rows, chunks, tid, nthreads):
         r = tid // chunks
         c = 4 * (tid - r * chunks)
         for _ in range(rows * chunks // nthreads):
-            row = r0 + r
-            cp_async16(dst, drow + r, c, src, b, min(row, limit - 1), h, c,
-                       16 if row < limit else 0)
+            copy_row_piece(dst, drow, r, c, src, b, r0, h, limit)
             r += step
     else:
         for i in range(tid, rows * chunks, nthreads):
             r = i // chunks
-            c = 4 * (i - r * chunks)
-            row = r0 + r
-            cp_async16(dst, drow + r, c, src, b, min(row, limit - 1), h, c,
-                       16 if row < limit else 0)
+            copy_row_piece(dst, drow, r, 4 * (i - r * chunks), src, b, r0, h, limit)
+
+
+@cuda.jit(device=True, inline=True)
+def copy_row_piece(dst, drow, r, c, src, b, r0, h, limit):
+    """cp.async of the 16 bytes at word ``c`` of row r0 + r of ``src[b, :, h, :]`` into row
+    drow + r of ``dst``; zeros for rows at or past ``limit`` (the source clamped into the
+    array)."""
+    row = r0 + r
+    cp_async16(dst, drow + r, c, src, b, min(row, limit - 1), h, c, 16 if row < limit else 0)
 
 
 @cuda.jit(device=True, inline=True)

@@ -15,7 +15,7 @@ from ..primitives import SIMULATOR
 from .driver import ArrayParam
 
 __all__ = ["HALF_NAMES", "FULL_NAMES", "SUPPORTED_HEAD_DIMS", "padded_head_dim", "pad_head_dim",
-           "array_kind", "dtype_name",
+           "array_library", "array_kind", "dtype_name",
            "interface", "gpu_inputs", "kernel_array", "as_words", "empty_like_kind",
            "BFloat16Array", "caller_param", "fixed_param"]
 
@@ -24,9 +24,14 @@ HALF_NAMES = {"float16": False, "bfloat16": True}     # name -> is bfloat16
 FULL_NAMES = {"float32": False, "float64": True}      # name -> is float64
 
 
+def array_library(t) -> str:
+    """The top-level package that defines array type ``t`` ("cupy", "torch", "numpy", ...)."""
+    return t.__module__.split(".")[0]
+
+
 def array_kind(x) -> str:
     """'numpy', 'cupy', 'torch' or 'cai' (anything else with __cuda_array_interface__)."""
-    mod = type(x).__module__.split(".")[0]
+    mod = array_library(type(x))
     if isinstance(x, np.ndarray):
         return "numpy"
     if mod == "cupy":
@@ -40,7 +45,7 @@ def array_kind(x) -> str:
 
 
 def dtype_name(x) -> str:
-    if type(x).__module__.split(".")[0] == "torch":
+    if array_library(type(x)) == "torch":
         return str(x.dtype).replace("torch.", "")
     name = _cached_dtype_name(x.dtype) if hasattr(x, "dtype") else "void16"
     if name == "void16":  # a bare "<V2" interface: bfloat16, as numba_flash.arrays reads it

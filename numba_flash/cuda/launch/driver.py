@@ -204,7 +204,6 @@ class LaunchPlan:
         grid = (grid,) if isinstance(grid, int) else grid
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block, self.smem, self.pdl = int(block), int(smem), pdl
-        self._stream = ctypes.c_void_p(0)
         driver = _driver()
         # The call's constant arguments as ctypes values, bound once: per call only the
         # stream changes (cuLaunchKernel's argument conversion was a third of a call's time).
@@ -216,6 +215,7 @@ class LaunchPlan:
             self._call = functools.partial(driver["launch_ex"], ctypes.byref(self._config),
                                            ctypes.c_void_p(self.func), self.argv, None)
         else:
+            self._stream = ctypes.c_void_p(0)       # the one argument a call changes
             dims = (ctypes.c_uint(n) for n in (*self.grid, self.block, 1, 1, self.smem))
             self._call = functools.partial(driver["launch"], ctypes.c_void_p(self.func), *dims,
                                            self._stream, self.argv, None)

@@ -15,6 +15,7 @@ import functools
 
 import numpy as np
 
+from .arrays import array_library
 from .driver import current_device, stream_is_capturing
 from .streams import raw_stream_handle
 
@@ -51,9 +52,9 @@ _POINTER: dict = {}
 
 def _learn_type(t):
     """Register the geometry / pointer readers of a CuPy or torch array type."""
-    root = t.__module__.split(".")[0]
-    if root == "torch":
-        _GEOMETRY[t], _POINTER[t] = _torch_geometry, lambda x: x.data_ptr()
+    root = array_library(t)
+    if root == "torch":         # the tensor type's own data_ptr, called unbound: the cheapest
+        _GEOMETRY[t], _POINTER[t] = _torch_geometry, t.data_ptr
     elif root == "cupy":
         _GEOMETRY[t], _POINTER[t] = _cupy_geometry, lambda x: x.data.ptr
     else:
@@ -148,11 +149,8 @@ class FastCall:
 
 
 def _fast_pointer(like):
-    """The cheapest data-pointer reader for arrays of ``like``'s type (torch: the tensor
-    type's own ``data_ptr``, called unbound)."""
+    """The data-pointer reader for arrays of ``like``'s type."""
     t = type(like)
-    if t.__module__.split(".")[0] == "torch":
-        return t.data_ptr
     if t not in _POINTER:
         _learn_type(t)
     return _POINTER[t]
@@ -162,7 +160,7 @@ def device_reader(t):
     """A function returning the calling thread's current device ordinal, through the array
     library of type ``t`` when it has a direct binding (CuPy's cudaGetDevice, torch's), else
     through the driver (launch/driver.py)."""
-    root = t.__module__.split(".")[0]
+    root = array_library(t)
     if root == "cupy":
         import cupy
 
@@ -178,7 +176,7 @@ def capture_reader(t):
     """A function of a raw stream handle telling whether that stream, the current stream of
     array type ``t``'s library, is being captured into a CUDA graph (torch's and CuPy's own
     bindings; else the driver's)."""
-    root = t.__module__.split(".")[0]
+    root = array_library(t)
     if root == "cupy":
         import cupy
 
@@ -206,7 +204,7 @@ _STREAM_READERS: dict = {}
 
 def _stream_reader(t):
     """The current-stream reader for arrays of type ``t`` (imports done once, not per call)."""
-    if t.__module__.split(".")[0] == "torch":
+    if array_library(t) == "torch":
         from .streams import torch_current_stream
 
         return lambda x: torch_current_stream(x.get_device())
