@@ -44,7 +44,7 @@ def call(monkeypatch):
     """A FastCall on a recording plan; outputs are FakeTensors at fixed addresses."""
     outputs = iter(range(0x9000, 0x10000, 0x100))
 
-    def allocators(kind, like, out_shape, out_dtype, lse_shape, fill):
+    def allocators(kind, like, out_shape, out_dtype, lse_shape):
         new = lambda: FakeTensor(out_shape, next(outputs))  # noqa: E731
         lse = (lambda: FakeTensor(lse_shape, next(outputs), "float32")) if lse_shape else None
         return new, lse, (lambda: 77)
@@ -55,7 +55,7 @@ def call(monkeypatch):
     like = FakeTensor((1, 8, 2, 64), 0x1000)
     mask = object()
     fast = fastpath.FastCall(RecordingPlan(), "torch", like, 0, (1, 8, 2, 64), "float16",
-                             (1, 2, 8), False, (), True, guards=(mask, None))
+                             (1, 2, 8), None, (), True, guards=(mask, None))
     fast.current = current
     return fast, mask
 

@@ -4,7 +4,8 @@
 arguments (an array: meminfo, parent, size, itemsize, data, shape..., strides...; scalars as
 int64 / float32 / float64 bits) in one 8-byte slot each and writes only the caller arrays' data
 pointers per call. Here libcuda is replaced by a recorder, so the block and the launch
-arguments are compared with the layout written out by hand.
+arguments are compared with the layout written out by hand, and the memsets that clear a packed
+varlen batch's outputs are checked for their place (the launch's stream, before it) and values.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from numba_flash.cuda.launch.driver import ArrayParam, LaunchPlan, ScalarParam
 
 
 class _Recorder:
-    """Stands for libcuda: records cuLaunchKernel / cuLaunchKernelEx calls."""
+    """Stands for libcuda: records cuLaunchKernel / cuLaunchKernelEx / cuMemsetD32Async /
+    cuMemsetD2D32Async calls, in order."""
 
     def __init__(self):
         self.calls = []
@@ -39,6 +41,14 @@ class _Recorder:
                            cfg.attrs[0].value, argv))
         return 0
 
+    def cuMemsetD32Async(self, ptr, word, count, stream):  # noqa: N802
+        self.calls.append(("memset32", ptr, word, count, stream))
+        return 0
+
+    def cuMemsetD2D32Async(self, ptr, pitch, word, width, height, stream):  # noqa: N802
+        self.calls.append(("memset2d32", ptr, pitch, word, width, height, stream))
+        return 0
+
 
 def _value(x):
     """The number a ctypes argument carries (plans pass ready-made ctypes values)."""
@@ -54,7 +64,9 @@ def recorder(monkeypatch):
     rec = _Recorder()
     monkeypatch.setattr(driver, "_DRIVER", {
         "lib": rec, "launch": lambda *args: rec.cuLaunchKernel(*args),
-        "launch_ex": lambda *args: rec.cuLaunchKernelEx(*args)})
+        "launch_ex": lambda *args: rec.cuLaunchKernelEx(*args),
+        "memset32": lambda *args: rec.cuMemsetD32Async(*args),
+        "memset2d32": lambda *args: rec.cuMemsetD2D32Async(*args)})
     return rec
 
 
@@ -134,3 +146,121 @@ def test_caller_and_fixed_array_params():
     packed = caller_param(_CAI("<f4", (9, 2, 8)), "cai", lead=True)
     assert packed.shape == (1, 9, 2, 8) and packed.strides == (0, 64, 32, 4)
     assert packed.numba_type.dtype == types.float32
+
+
+def _apply_memsets(calls, memory, base):
+    """Carry out recorded memsets on ``memory`` (a uint32 NumPy array standing for device
+    memory from address ``base``)."""
+    for call in calls:
+        if call[0] == "memset32":
+            _, ptr, word, count, _ = call
+            memory[(ptr - base) // 4:(ptr - base) // 4 + count] = word
+        elif call[0] == "memset2d32":
+            _, ptr, pitch, word, width, height, _ = call
+            for row in range(height):
+                at = (ptr + row * pitch - base) // 4
+                memory[at:at + width] = word
+
+
+@pytest.mark.parametrize("lse_dtype", ["float32", "float64", None])
+def test_output_clearer_sets_zeros_and_minus_infinity(recorder, lse_dtype):
+    """driver.output_clearer: out's bytes to 0 and lse to -inf (float32: one 32-bit pattern;
+    float64: its low words 0, its high words 0xFFF00000) with 32-bit memsets on the given
+    stream."""
+    import numpy as np
+
+    out_nbytes, lse_items = 48, 6
+    lse_itemsize = np.dtype(lse_dtype).itemsize if lse_dtype else 4
+    lse_nbytes = lse_items * lse_itemsize if lse_dtype else 0
+    clear = driver.output_clearer(out_nbytes, lse_nbytes, lse_itemsize)
+    base, lse_at = 0x10000, 0x10000 + 64
+    clear(base, lse_at if lse_dtype else 0, 31)
+    assert recorder.calls[0] == ("memset32", base, 0, out_nbytes // 4, 31)
+    assert all(call[-1] == 31 for call in recorder.calls)          # the given stream
+    memory = np.full(64, 0x7FC00001, np.uint32)                     # NaN bits everywhere
+    _apply_memsets(recorder.calls, memory, base)
+    assert (memory[:out_nbytes // 4] == 0).all()
+    if lse_dtype:
+        lse = memory[16:16 + lse_nbytes // 4].view(lse_dtype)
+        assert np.isneginf(lse).all() and len(lse) == lse_items
+    assert (memory[16 + lse_nbytes // 4:] == 0x7FC00001).all()     # nothing past the arrays
+    with pytest.raises(ValueError, match="32-bit words"):
+        driver.output_clearer(6)
+
+
+def test_a_failed_memset_raises(recorder, monkeypatch):
+    monkeypatch.setitem(driver._DRIVER, "memset32", lambda *args: 1)
+    with pytest.raises(driver.LaunchError, match="cuMemsetD32Async failed with CUresult 1"):
+        driver.output_clearer(16)(0x1000, 0, 0)
+
+
+def test_varlen_outputs_are_cleared_on_the_launch_stream_before_the_launch(recorder,
+                                                                           monkeypatch):
+    """A packed varlen call on the GPU (first call, then the repeated-call path) allocates out
+    and lse uninitialised and clears them with the driver's memsets on the stream the kernel is
+    launched on, right before the launch: out to 0, float32 lse to -inf (0xFF800000), by the
+    outputs' byte counts. It used to zero-fill them with the library's own fill kernels on the
+    library's current stream (another stream than an explicit ``stream=``, unordered with the
+    launch)."""
+    from test_fastpath import FakeTensor
+
+    from numba_flash.cuda.launch import attention as runtime, fastpath
+    from numba_flash.varlen import Varlen
+
+    class Tensor(FakeTensor):
+        """Also reads as a torch tensor to arrays.interface."""
+        device = type("Device", (), {"index": 0})()
+
+        def element_size(self):
+            return 2 if self.dtype == "float16" else 4
+
+    Tensor.__module__ = "torch.fake"
+    total_q, heads, dim = 40, 2, 64              # 40 rows, the sequences end at 33
+    addresses = iter(range(0x100000, 0x200000, 0x4000))
+    allocated = []
+
+    def new(shape, dtype):
+        allocated.append(Tensor(shape, next(addresses), dtype))
+        return allocated[-1]
+
+    def empty_like_kind(kind, like, shape, name, zero=False, fill=None):
+        assert not zero and fill is None         # no library fill on the GPU path
+        return new(shape, name)
+
+    def allocators(kind, like, out_shape, out_dtype, lse_shape):
+        return (lambda: new(out_shape, "float16")), (lambda: new(lse_shape, "float32")), \
+            (lambda: 77)
+
+    def plan(kind, dtype_name, device, p, arrays, stream):
+        params = [ArrayParam(types.float32, (4,), (4,), 4) for _ in range(7)]
+        return LaunchPlan(_Func(), params, (1, 4), 128)
+
+    monkeypatch.setattr(runtime, "SIMULATOR", False)
+    monkeypatch.setattr(runtime, "gpu_inputs", lambda q, k, v, lead: ("torch", "float16", 0, ()))
+    monkeypatch.setattr(runtime, "empty_like_kind", empty_like_kind)
+    monkeypatch.setattr(runtime, "_plan", plan)
+    monkeypatch.setattr(fastpath, "_allocators", allocators)
+    monkeypatch.setattr(fastpath, "device_reader", lambda t: lambda: 0)
+    q, k, v = (Tensor((total_q, heads, dim), 0x1000 * (i + 1)) for i in range(3))
+    cu_q, cu_k = Tensor((3,), 0x8000, "int32"), Tensor((3,), 0x9000, "int32")
+    varlen = Varlen(2, cu_q, cu_k, 20, 20, None, None)
+    key = ("test-varlen-clear", object())
+
+    def check(out, lse, stream):
+        out_words, lse_words = total_q * heads * dim * 2 // 4, heads * total_q
+        launch = recorder.calls[2]
+        assert recorder.calls[:2] == [("memset32", out.data_ptr(), 0, out_words, stream),
+                                      ("memset32", lse.data_ptr(), 0xFF800000, lse_words,
+                                       stream)]
+        assert len(recorder.calls) == 3 and launch[0] == "plain" and launch[5] == stream
+        recorder.calls.clear()
+
+    out, lse = runtime.attention_cuda(q, k, v, softmax_scale=0.125, causal=True,
+                                      return_lse=True, stream=55, varlen=varlen,
+                                      fast=(key, (cu_q, cu_k)))
+    check(out, lse, 55)
+    call = runtime._FAST_CALLS.pop(key)
+    out, lse = call.run((q, k, v), (cu_q, cu_k), (None, None), 66)     # an explicit stream
+    check(out, lse, 66)
+    out, lse = call.run((q, k, v), (cu_q, cu_k), (None, None), None)   # the current stream
+    check(out, lse, 77)

@@ -159,3 +159,61 @@ def test_cuda_poisoned_offsets_stay_in_bounds():
     ref = numba_flash.attention(q[:10][None], k[:10][None], v[:10][None], causal=True)[0]
     np.testing.assert_allclose(out[:10], ref, atol=1e-5)       # sequence 0 is valid
     assert np.isfinite(out).all() and not np.isnan(lse).any()
+
+
+def _gpu_library(name):
+    """What the side-stream test needs of CuPy or torch: (to_device, to_host, nan_array,
+    non-blocking stream, busy: hold the current stream up for tens of ms, synchronize)."""
+    lib = pytest.importorskip(name)
+    if name == "cupy":
+        def busy():
+            a = lib.ones((4096, 4096), lib.float32)
+            for _ in range(8):
+                a @ a
+
+        return (lib.asarray, lib.asnumpy, lambda shape, dt: lib.full(shape, np.nan, dtype=dt),
+                lib.cuda.Stream(non_blocking=True), busy, lib.cuda.Device().synchronize)
+    return (lambda x: lib.from_numpy(x).cuda(), lambda x: x.cpu().numpy(),
+            lambda shape, dt: lib.full(shape, float("nan"), dtype=getattr(lib, dt), device="cuda"),
+            lib.cuda.Stream(), lambda: lib.cuda._sleep(200_000_000), lib.cuda.synchronize)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, dtype", [("cupy", "float16"), ("torch", "float16"),
+                                         ("cupy", "float64")])
+def test_gpu_varlen_unwritten_rows_on_a_side_stream(name, dtype):
+    """Rows past cu_seqlens_q[-1] and those of a sequence with no keys belong to no kernel
+    block: they read exactly 0 / -inf although the outputs' memory held NaN (a freed NaN buffer
+    of their size, which the pool hands out again) and the call runs on a non-blocking stream
+    while the current stream is held up by busy work (the outputs used to be zero-filled on the
+    current stream, which then ran after the kernel); the first call (full path) and the
+    repeated ones (fast path) alike. float64's lse takes the strided memset of its -inf."""
+    to_device, to_host, nan_array, side, busy, synchronize = _gpu_library(name)
+    rng = np.random.default_rng(8)
+    lens_q, lens_k = [37, 0, 20, 70], [50, 10, 0, 90]
+    q, k, v, cu_q, cu_k = _packed(rng, lens_q, lens_k, hq=4, hkv=2, d=64, dtype=dtype)
+    used = int(cu_q[-1])
+    q = np.concatenate([q, rng.standard_normal((33, 4, 64)).astype(dtype)])   # rows past the end
+    exact = np.float64 if dtype == "float64" else np.float32
+    want, want_lse = numba_flash.attention(*(x.astype(exact) for x in (q[:used], k, v)),
+                                           cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True,
+                                           return_lse=True)
+    atol = 1e-10 if dtype == "float64" else 3e-3
+    args = [to_device(x) for x in (q, k, v, cu_q, cu_k)]
+    lse_dtype = "float64" if dtype == "float64" else "float32"
+    for _ in range(3):          # the full path, then the repeated-call path
+        junk = [nan_array(q.shape, dtype), nan_array((4, len(q)), lse_dtype)]
+        del junk
+        synchronize()           # the NaN lands (and the uploads) before the side stream runs
+        busy()
+        out, lse = numba_flash.attention(*args[:3], cu_seqlens_q=args[3], cu_seqlens_k=args[4],
+                                         max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+                                         causal=True, return_lse=True, stream=side)
+        side.synchronize()
+        synchronize()
+        out, lse = to_host(out).astype(np.float64), to_host(lse)
+        assert (out[used:] == 0).all() and np.isneginf(lse[:, used:]).all()
+        np.testing.assert_allclose(out[:used], want, rtol=0, atol=atol)
+        finite = np.isfinite(want_lse)
+        assert (np.isneginf(lse[:, :used]) == ~finite).all()
+        np.testing.assert_allclose(lse[:, :used][finite], want_lse[finite], rtol=0, atol=atol)

@@ -30,7 +30,7 @@ from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array,
                      interface, kernel_array, pad_head_dim, padded_head_dim)
 from .device import compute_capability, current_device_id
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, current_device
-from .driver import raise_dynamic_smem_limit
+from .driver import output_clearer, raise_dynamic_smem_limit
 from .fastpath import FastCall, call_key, fast_table, geometry_of, geometry_reader, register_fast
 from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
@@ -234,22 +234,30 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
                    sinks=sinks, mask=mask, softcap=softcap, return_lse=return_lse,
                    alibi_slopes=alibi_slopes, score_mod=score_mod, precision=precision)
     p = _Problem(q, k, v, options, varlen)
-    fill = p.lead   # rows of packed sequences with no visible key stay 0 / -inf
+    # Rows of a packed batch that no kernel block writes (past the last sequence, sequences with
+    # no visible key) read 0 / -inf: on the GPU the driver's memsets clear the outputs on the
+    # launch stream (``clear``); the simulator's NumPy outputs are made so.
+    fill = p.lead and SIMULATOR
     out = empty_like_kind(kind, q, p.out_shape, dtype_name, zero=fill)
     lse_name = "float64" if dtype_name == "float64" else "float32"
     lse = empty_like_kind(kind, q, p.lse_shape, lse_name, fill=-np.inf if fill else None) \
         if p.return_lse else None
-    if not p.empty:
-        if SIMULATOR:
+    if SIMULATOR:
+        if not p.empty:
             _launch_simulated(kind, dtype_name, p, q, k, v, out, lse)
-        else:
+    elif p.lead or not p.empty:
+        pointers = _pointers(kind, p, q, k, v, out, lse)
+        handle = raw_stream_handle(stream, kind, q)
+        clear = _clearer(p, dtype_name) if p.lead else None
+        if clear is not None:       # before the launch, on its stream
+            clear(pointers[3], pointers[4] if p.return_lse else 0, handle)
+        if not p.empty:
             plan = _plan(kind, dtype_name, device, p, (q, k, v, out, lse), stream)
-            plan.launch(_pointers(kind, p, q, k, v, out, lse),
-                        raw_stream_handle(stream, kind, q))
+            plan.launch(pointers, handle)
             if fast is not None and fast[0] is not None and _same(fast[1], _caller_extras(p)):
                 register_fast(_FAST_CALLS, fast[0], FastCall(
                     plan, kind, q, device, p.out_shape, dtype_name, p.lse_shape if
-                    p.return_lse else None, fill, fast[1], dtype_name in HALF_NAMES,
+                    p.return_lse else None, clear, fast[1], dtype_name in HALF_NAMES,
                     guards=(mask, score_mod)))
     if kind == "cai" and dtype_name == "bfloat16":
         out = BFloat16Array(out)
@@ -338,6 +346,15 @@ def _caller_extras(p):
 def _same(given, used) -> bool:
     """Whether the kernel reads the caller's arrays themselves (no converted copies)."""
     return len(given) == len(used) and all(a is b for a, b in zip(given, used))
+
+
+def _clearer(p, dtype_name):
+    """The memsets that set a packed batch's out to zeros and lse to -inf (driver.py's
+    ``output_clearer``), sized for this call's outputs."""
+    itemsize = 2 if dtype_name in HALF_NAMES else (8 if FULL_NAMES[dtype_name] else 4)
+    lse_itemsize = 8 if dtype_name == "float64" else 4
+    lse_nbytes = math.prod(p.lse_shape) * lse_itemsize if p.return_lse else 0
+    return output_clearer(math.prod(p.out_shape) * itemsize, lse_nbytes, lse_itemsize)
 
 
 def _pointers(kind, p, q, k, v, out, lse):

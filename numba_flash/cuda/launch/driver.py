@@ -25,7 +25,8 @@ from numba.cuda import types
 from ..primitives import SIMULATOR
 
 __all__ = ["ArrayParam", "ScalarParam", "LaunchPlan", "LaunchError", "compile_kernel",
-           "raise_dynamic_smem_limit", "current_device", "stream_is_capturing"]
+           "raise_dynamic_smem_limit", "current_device", "stream_is_capturing", "memset32_async",
+           "output_clearer"]
 
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
@@ -88,11 +89,17 @@ def _driver():
         lib.cuCtxGetDevice.restype = ctypes.c_int
         lib.cuStreamIsCapturing.argtypes = [vp, ctypes.POINTER(ctypes.c_int)]
         lib.cuStreamIsCapturing.restype = ctypes.c_int
+        size = ctypes.c_size_t
+        lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, u32, size, vp]
+        lib.cuMemsetD32Async.restype = ctypes.c_int
+        lib.cuMemsetD2D32Async.argtypes = [ctypes.c_uint64, size, u32, size, size, vp]
+        lib.cuMemsetD2D32Async.restype = ctypes.c_int
         untyped = ctypes.CDLL("libcuda.so.1")
         launch, launch_ex = untyped.cuLaunchKernel, untyped.cuLaunchKernelEx
         launch.restype = launch_ex.restype = ctypes.c_int
         _DRIVER.update(lib=lib, device=ctypes.c_int(), capturing=ctypes.c_int(), launch=launch,
-                       launch_ex=launch_ex)
+                       launch_ex=launch_ex, memset32=lib.cuMemsetD32Async,
+                       memset2d32=lib.cuMemsetD2D32Async)
     return _DRIVER
 
 
@@ -113,6 +120,51 @@ def stream_is_capturing(stream: int) -> bool:
     if err:
         raise LaunchError(f"cuStreamIsCapturing failed: CUresult {err}")
     return d["capturing"].value != 0     # CU_STREAM_CAPTURE_STATUS_NONE is 0
+
+
+def memset32_async(ptr: int, word: int, count: int, stream: int):
+    """Set ``count`` 32-bit words from device address ``ptr`` (4-byte aligned) to ``word``,
+    enqueued on the stream of raw handle ``stream`` (cuMemsetD32Async: ordered with the
+    kernels launched there after it, and recorded as a memset node inside a graph capture)."""
+    err = _driver()["memset32"](ptr, word, count, stream)
+    if err:
+        raise LaunchError(f"cuMemsetD32Async failed with CUresult {err} ({count} words of "
+                          f"{word:#010x} at {ptr:#x})")
+
+
+def _memset_strided32_async(ptr: int, pitch: int, word: int, count: int, stream: int):
+    """Set one 32-bit word every ``pitch`` bytes, ``count`` times from ``ptr``, to ``word``
+    (cuMemsetD2D32Async with rows of one word), on the stream of raw handle ``stream``."""
+    err = _driver()["memset2d32"](ptr, pitch, word, 1, count, stream)
+    if err:
+        raise LaunchError(f"cuMemsetD2D32Async failed with CUresult {err} ({count} words of "
+                          f"{word:#010x} every {pitch} bytes at {ptr:#x})")
+
+
+NEG_INF_F32 = 0xFF800000            # float32 -inf's bits
+NEG_INF_F64_HIGH = 0xFFF00000       # the high (second, little-endian) word of float64 -inf's
+
+
+def output_clearer(out_nbytes: int, lse_nbytes: int = 0, lse_itemsize: int = 4):
+    """``clear(out_ptr, lse_ptr, stream)``: enqueue on the stream of raw handle ``stream`` the
+    memsets that set an output of ``out_nbytes`` to zeros and an lse of ``lse_nbytes`` (float32
+    or, ``lse_itemsize`` 8, float64; 0: none) to -inf, for the rows no kernel block writes
+    (packed varlen batches). On the launch's own stream, before the launch: no library fill
+    kernel on the library's current stream. Sizes must be multiples of 4 bytes."""
+    if out_nbytes % 4 or lse_nbytes % 4:
+        raise ValueError(f"outputs of {out_nbytes} / {lse_nbytes} bytes are not 32-bit words")
+    out_words, lse_words = out_nbytes // 4, lse_nbytes // 4
+    f64 = lse_itemsize == 8     # float64 -inf: low words 0, high words 0xFFF00000
+
+    def clear(out_ptr: int, lse_ptr: int, stream: int):
+        if out_words:
+            memset32_async(out_ptr, 0, out_words, stream)
+        if lse_words:
+            memset32_async(lse_ptr, 0 if f64 else NEG_INF_F32, lse_words, stream)
+            if f64:
+                _memset_strided32_async(lse_ptr + 4, 8, NEG_INF_F64_HIGH, lse_words // 2,
+                                        stream)
+    return clear
 
 
 class _LaunchAttribute(ctypes.Structure):

@@ -5,7 +5,8 @@ shape, strides, dtype and device, and every keyword (arrays among them by their 
 and score_mod objects by identity, guarded against a recycled id). A hit skips validation and
 planning: the call allocates its outputs with the caller's allocator, reads the data pointers,
 checks the current device and 4-byte alignment of 16-bit data, and launches the recorded plan
-on the caller's stream. Only CuPy arrays and PyTorch tensors take this path (their geometry is
+on the caller's stream (a packed varlen batch's outputs first cleared there by the driver's
+memsets: ``clear``). Only CuPy arrays and PyTorch tensors take this path (their geometry is
 cheap to read); anything else, and any miss, goes through the full path, which records the
 plan for next time. Tables are bounded (cleared when full).
 """
@@ -111,16 +112,17 @@ class FastCall:
     """What a repeated call needs: the plan, the outputs to allocate, the device, whether
     16-bit data must be 4-byte aligned, and the objects keyed by identity (``guards``)."""
 
-    def __init__(self, plan, kind, like, device, out_shape, out_dtype, lse_shape, fill,
+    def __init__(self, plan, kind, like, device, out_shape, out_dtype, lse_shape, clear,
                  extras, half, guards=(), order=None, align=3):
         self.plan, self.device, self.half, self.guards = plan, device, half, guards
         self.align = align            # 16-bit data: the inputs' pointers must clear these bits
         self.order = order            # None: pointers in the order inputs, out, lse, extras
+        self.clear = clear or None    # clear(out_ptr, lse_ptr, stream): varlen's memsets
         self.n_extras = len(extras)
         self.pointer = _fast_pointer(like)
         self.current_device = device_reader(type(like))
         self.new_out, self.new_lse, self.stream = _allocators(kind, like, out_shape, out_dtype,
-                                                              lse_shape, fill)
+                                                              lse_shape)
 
     def run(self, arrays, extras, guards, stream):
         """Launch on ``arrays`` (q, k, v) and ``extras`` (the caller's other device arrays, in
@@ -135,16 +137,21 @@ class FastCall:
         if self.half and (ptrs[0] | ptrs[1] | ptrs[2]) & self.align:
             return None          # the full path raises the alignment error
         out = self.new_out()
-        ptrs.append(pointer(out))
-        lse = None
+        out_ptr = pointer(out)
+        ptrs.append(out_ptr)
+        lse, lse_ptr = None, 0
         if self.new_lse is not None:
             lse = self.new_lse()
-            ptrs.append(pointer(lse))
+            lse_ptr = pointer(lse)
+            ptrs.append(lse_ptr)
         for x in extras:
             ptrs.append(pointer(x))
         if self.order is not None:
             ptrs = [ptrs[i] for i in self.order]
-        self.plan.launch(ptrs, self.stream() if stream is None else stream_handle(stream))
+        handle = self.stream() if stream is None else stream_handle(stream)
+        if self.clear is not None:      # on the launch's stream, before it
+            self.clear(out_ptr, lse_ptr, handle)
+        self.plan.launch(ptrs, handle)
         return out if lse is None else (out, lse)
 
 
@@ -219,9 +226,10 @@ def stream_handle(stream) -> int:
     return raw_stream_handle(stream, None, None)
 
 
-def _allocators(kind, like, out_shape, out_dtype, lse_shape, fill):
+def _allocators(kind, like, out_shape, out_dtype, lse_shape):
     """(new_out, new_lse or None, current stream) callables for the caller's library (bound
-    once: a call pays the allocator itself, no wrapper frames)."""
+    once: a call pays the allocator itself, no wrapper frames). The outputs are uninitialised
+    (a packed batch's are cleared by the call's ``clear`` memsets, on the launch stream)."""
     if kind == "torch":
         import torch
 
@@ -234,22 +242,17 @@ def _allocators(kind, like, out_shape, out_dtype, lse_shape, fill):
         # Tensor.new_empty on an empty template of the dtype and device: no keyword parsing
         # (2.8 us against torch.empty's 3.6 on the H200's host).
         template = torch.empty(0, dtype=dt, device=dev)
-        new_out = functools.partial(template.new_zeros if fill else template.new_empty,
-                                    out_shape)
+        new_out = functools.partial(template.new_empty, out_shape)
         new_lse = None
         if lse_shape is not None:
             lse_template = torch.empty(0, dtype=lse_dt, device=dev)
-            new_lse = functools.partial(lse_template.new_full, lse_shape, -np.inf) if fill \
-                else functools.partial(lse_template.new_empty, lse_shape)
+            new_lse = functools.partial(lse_template.new_empty, lse_shape)
         return new_out, new_lse, current
     import cupy
 
     dt = like.dtype
     lse_dt = np.float64 if dt == np.float64 else np.float32
-    new_out = functools.partial(cupy.zeros, out_shape, dtype=dt) if fill else \
-        functools.partial(cupy.ndarray, out_shape, dt)
-    new_lse = None
-    if lse_shape is not None:
-        new_lse = functools.partial(cupy.full, lse_shape, -np.inf, dtype=lse_dt) if fill else \
-            functools.partial(cupy.ndarray, lse_shape, lse_dt)
+    new_out = functools.partial(cupy.ndarray, out_shape, dt)
+    new_lse = functools.partial(cupy.ndarray, lse_shape, lse_dt) if lse_shape is not None \
+        else None
     return new_out, new_lse, lambda: cupy.cuda.get_current_stream().ptr
