@@ -35,13 +35,15 @@ from numba.cuda import types  # noqa: E402
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return found
+    """The NVIDIA wheel's tool (the same release as the wheel's NVVM, whose PTX an older ptxas
+    on PATH may refuse), else the one on PATH."""
     for site in sys.path:
         hits = glob.glob(os.path.join(site, "nvidia", "cu1*", "bin", name))
         if hits:
             return hits[0]
+    found = shutil.which(name)
+    if found:
+        return found
     raise SystemExit(f"{name} not found: pip install the NVIDIA wheels named in this script's docstring")
 
 

@@ -3,7 +3,8 @@ for the forward): ``--compare`` proves that an edit leaves these kernels' machin
 
     python scripts/sass_snapshot_backward.py DIR [--compare OLD] [--only SUBSTRING]
 
-Covers the four main kernels of kernels/backward.py: the 16-bit dK / dV kernel (with atomic dQ
+Covers the four main kernels of kernels/backward.py and the sm_90a dK / dV kernel of
+kernels/backward_wgmma.py: the 16-bit dK / dV kernel (with atomic dQ
 or not, flags, softcap, interval and bitmask masks, ALiBi, varlen), the 16-bit deterministic dQ kernel, and the
 float32 / float64 dK / dV and dQ kernels.
 """
@@ -20,6 +21,7 @@ import sass_snapshot as ss  # noqa: E402
 from numba.cuda import types  # noqa: E402
 
 from numba_flash.cuda.kernels import backward as bw  # noqa: E402
+from numba_flash.cuda.kernels import backward_wgmma as bwg  # noqa: E402
 from numba_flash.cuda.kernels.masking import BITMASK, INTERVALS, NONE  # noqa: E402
 
 # flags: (has_left, has_right, has_sinks, has_softcap)
@@ -62,6 +64,13 @@ CONFIGS["fma_dkdv_float32_d64_varlen"] = ("dkdv", "float32", 64, "causal", True,
 CONFIGS["fma_dq_float64_d128_varlen"] = ("dq", "float64", 128, "plain", False, NONE, _VARLEN)
 CONFIGS["fma_dkdv_float32_d64_bitmask_alibi"] = ("dkdv", "float32", 64, "plain", True, BITMASK,
                                                  _ALIBI)
+# the sm_90a dK / dV kernel (kernels/backward_wgmma.py)
+CONFIGS["wgmma_dkdv_float16_d128_plain"] = ("wgmma", "float16", 128, "plain", True, NONE)
+CONFIGS["wgmma_dkdv_bfloat16_d64_causal"] = ("wgmma", "bfloat16", 64, "causal", True, NONE)
+CONFIGS["wgmma_dkdv_float16_d128_window_sinks_softcap"] = ("wgmma", "float16", 128,
+                                                           "window_sinks_softcap", True, NONE)
+CONFIGS["wgmma_dkdv_bfloat16_d128_causal_intervals_det"] = ("wgmma", "bfloat16", 128, "causal",
+                                                            False, INTERVALS)
 
 
 def _signature(py_func, half: bool, atomic: bool, f64: bool):
@@ -80,6 +89,9 @@ def build(name: str):
     kernel, dtype, d, flag, atomic, kind, *extra = CONFIGS[name]
     flags, extra = _FLAGS[flag], dict(*extra)
     half = dtype in ("float16", "bfloat16")
+    if kernel == "wgmma":
+        kern = bwg.make_wgmma_dkdv_kernel(d, dtype == "bfloat16", *flags, atomic, kind, **extra)
+        return kern.py_func, _signature(kern.py_func, True, True, False), (9, 0, "a")
     if half and kernel == "dkdv":
         kern = bw.make_mma_dkdv_kernel(d, dtype == "bfloat16", *flags, atomic, kind, **extra)
     elif half:

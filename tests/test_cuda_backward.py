@@ -396,3 +396,25 @@ def test_row_alignment_check_takes_packed_arrays(monkeypatch):
     runtime._check_rows_aligned(q=odd)
     with pytest.raises(ValueError, match="q must be 16-byte aligned"):
         runtime._check_rows_aligned(q=base[offset:offset + 64].reshape(16, 1, 4))
+
+
+def test_wgmma_dkdv_compiles_offline():
+    """The sm_90 dK / dV kernel (kernels/backward_wgmma.py; the simulator cannot run wgmma)
+    assembles with every product on warpgroup instructions and no local memory: per query tile
+    S^T and dP^T (head_dim / 16 k-steps each), dV and dK (4 each), dQ (8 steps at head_dim 128,
+    4 at 64; none in deterministic mode). Skipped where NVVM / ptxas are missing (CI)."""
+    from offline_sass import run_offline
+
+    lines = run_offline(
+        "import sys; sys.path.insert(0, 'scripts'); sys.path.insert(0, 'tests')\n"
+        "import kernel_resources as kr\n"
+        "import sass_snapshot_backward as sb\n"
+        "from numba_flash.cuda.kernels import backward_wgmma as bwg\n"
+        "for d, bf16, causal, atomic, kind in ((128, False, False, True, 0),\n"
+        "                                      (64, True, True, True, 0),\n"
+        "                                      (128, True, True, False, 1)):\n"
+        "    kern = bwg.make_wgmma_dkdv_kernel(d, bf16, False, causal, False, False, atomic, kind)\n"
+        "    sig = sb._signature(kern.py_func, True, True, False)\n"
+        "    r = kr.report(kern.py_func, sig, cc=(9, 0, 'a'))\n"
+        "    print(r['sass'].count('HGMMA'), r['n_ldl'], r['spill_stores'])\n")
+    assert lines == ["32 0 0", "20 0 0", "24 0 0"], lines

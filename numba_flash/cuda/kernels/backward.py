@@ -155,6 +155,18 @@ def block_sequence(varlen, cu_q, cu_k, b, total_q, total_k, seqlen_q, seqlen_k):
 
 
 @cuda.jit(device=True, inline=True)
+def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
+    """``(ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k)`` of a column-parallel block
+    (grid: key tiles x B * Hq): its key tile, batch entry, query head and that head's kv head,
+    then ``block_sequence``'s batch index, row offsets and lengths."""
+    b = cuda.blockIdx.y // q.shape[2]
+    h = cuda.blockIdx.y % q.shape[2]
+    ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(varlen, cu_q, cu_k, b, q.shape[1],
+                                                          k.shape[1], seqlen_q, seqlen_k)
+    return cuda.blockIdx.x, b, h, h // heads_ratio, ab, q_off, k_off, seqlen_q, seqlen_k
+
+
+@cuda.jit(device=True, inline=True)
 def block_table_and_slope(has_alibi, alibi, mk_tab, b, h, dtype):
     """``(tb, slope)`` of the block (b, h): its slab of the mask's class table (0 for a table
     shared by every batch entry and head) and its ALiBi slope as ``dtype`` (0 without
@@ -910,18 +922,14 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     def kernel(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
                heads_ratio, scale, scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm,
                mk_tab, mk_bits, alibi, cu_q, cu_k):
-        ktile = cuda.blockIdx.x
-        b = cuda.blockIdx.y // q.shape[2]
-        h = cuda.blockIdx.y % q.shape[2]
-        hk = h // heads_ratio
+        ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k = key_block(
+            q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, VARLEN)
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
         own0 = 16 * (warp // DSPLIT)        # the warp's 16 keys in the block's tile
         col0 = (warp % DSPLIT) * DH         # and its first dK / dV column
         k0 = ktile * BN
-        ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(
-            VARLEN, cu_q, cu_k, b, q.shape[1], k.shape[1], seqlen_q, seqlen_k)
         if VARLEN and k0 >= seqlen_k:
             return
         tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, np.float32)

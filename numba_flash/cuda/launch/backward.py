@@ -25,10 +25,11 @@ from numba import cuda
 from numba.cuda import types
 
 from ..kernels import backward as bw
+from ..kernels import backward_wgmma as bwg
 from ..primitives import SIMULATOR
 from .arrays import (array_kind, dtype_name as array_dtype, empty_like_kind, fixed_param, interface,
                      kernel_array)
-from .attention import window_flags
+from .attention import wgmma_device, window_flags
 from .driver import (LaunchPlan, ScalarParam, compile_kernel, current_device,
                      raise_dynamic_smem_limit)
 from .maskplan import dummy_arrays, plan_mask
@@ -54,10 +55,16 @@ def backward_geometry(dtype_name: str, head_dim: int, tiles=None) -> dict:
     (``block_m``); the deterministic dQ kernel's blocks own ``dq_block_m`` rows and stream
     ``dq_block_n``-key tiles. ``tiles``: an override (a, b, c) = (lanes, owned, streamed) for
     the CUDA-core path or (warps, owned, streamed) for tensor cores, the same for both kernels
-    (tests)."""
+    (tests). 16-bit head_dim 64 / 128 on a compute-capability 9.0 device: the wgmma dK / dV
+    kernel (``path`` "wgmma"; kernels/backward_wgmma.py), unless ``tiles`` is given."""
     if dtype_name in _HALF:
-        warps, bn, bm = tiles or bw.mma_layout(head_dim)
         dq_warps, dq_bm, dq_bn = tiles or bw.mma_dq_layout(head_dim)
+        if tiles is None and head_dim in bwg.WG_BWD_HEAD_DIMS and wgmma_device():
+            return dict(path="wgmma", threads=bwg.WG_BWD_THREADS, block_n=bwg.WG_BWD_BLOCK_N,
+                        block_m=bwg.WG_BWD_BLOCK_M, warps=bwg.WG_BWD_THREADS // 32,
+                        smem=bwg.wgmma_dkdv_smem_bytes(head_dim), dq_warps=dq_warps,
+                        dq_block_m=dq_bm, dq_block_n=dq_bn)
+        warps, bn, bm = tiles or bw.mma_layout(head_dim)
         return dict(path="mma", threads=32 * warps, block_n=bn, block_m=bm, warps=warps,
                     smem=bw.mma_dkdv_smem_bytes(head_dim, warps, bm, bn), dq_warps=dq_warps,
                     dq_block_m=dq_bm, dq_block_n=dq_bn)
@@ -303,9 +310,14 @@ def _main_kernels(call, deterministic, dkdv_args, dq_args):
     if call.half:
         key = (call.head_dim, _HALF[call.dtype_name]) + call.flags + (call.mask_kind,
                                                                       geo["warps"], bn)
-        dkdv = _cached(("mma_dkdv", not deterministic) + key + (bm,) + call.options,
-                       lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic, *key[6:], bm,
-                                                       **options))
+        if geo["path"] == "wgmma":
+            dkdv = _cached(("wgmma_dkdv", not deterministic) + key + call.options,
+                           lambda: bwg.make_wgmma_dkdv_kernel(*key[:6], not deterministic,
+                                                              call.mask_kind, **options))
+        else:
+            dkdv = _cached(("mma_dkdv", not deterministic) + key + (bm,) + call.options,
+                           lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic,
+                                                           *key[6:], bm, **options))
         _launch(call, dkdv, (n_k, heads), geo["threads"], dkdv_args, geo["smem"])
         if deterministic:
             dq_key = key[:-2] + (geo["dq_warps"], geo["dq_block_m"], geo["dq_block_n"])

@@ -37,8 +37,8 @@ from __future__ import annotations
 from .base import SIMULATOR
 
 __all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async4_to", "lds_i32x2",
-           "fence_proxy_async", "wgmma_fence",
-           "wgmma_commit", "wgmma_wait", "wgmma_ss", "wgmma_rs"]
+           "sts32", "fence_proxy_async", "wgmma_fence",
+           "wgmma_commit", "wgmma_wait", "wgmma_ss", "wgmma_ss_mn", "wgmma_rs"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -135,6 +135,22 @@ if not SIMULATOR:
 
         return sig, codegen
 
+    @intrinsic
+    def sts32(typingctx, saddr, value):
+        """Store the 32-bit ``value`` (uint32) at shared address ``saddr`` (uint32)."""
+        sig = types.void(saddr, value)
+
+        def codegen(context, builder, sig, args):
+            d = context.cast(builder, args[0], sig.args[0], types.uint32)
+            x = context.cast(builder, args[1], sig.args[1], types.uint32)
+            fnty = ir.FunctionType(ir.VoidType(), [_I32, _I32])
+            asm = ir.InlineAsm(fnty, "st.shared.u32 [$0], $1;", "r,r,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [d, x])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     fence_proxy_async = bare_asm_intrinsic("fence.proxy.async.shared::cta;")
     wgmma_fence = bare_asm_intrinsic("wgmma.fence.sync.aligned;")
     wgmma_commit = bare_asm_intrinsic("wgmma.commit_group.sync.aligned;")
@@ -169,15 +185,17 @@ if not SIMULATOR:
 
         return wait
 
-    def _ss_intrinsic(n, bf16):
+    def _ss_intrinsic(n, bf16, mn_major=False):
         """acc (float32 array of n / 2) = A B (+ acc if ``scale_d``): m64n{n}k16, A and B from
-        shared memory (descriptors), both K-major."""
+        shared memory (descriptors), both K-major, or both MN-major (``mn_major``: the
+        transpose bits set)."""
         ab = "bf16" if bf16 else "f16"
         nacc = n // 2
         regs = ",".join(f"${i}" for i in range(nacc))
+        trans = "1, 1" if mn_major else "0, 0"
         text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; wgmma.mma_async.sync.aligned.m64n%dk16"
-                ".f32.%s.%s {%s}, $%d, $%d, p, 1, 1, 0, 0; }"
-                % (nacc + 2, n, ab, ab, regs, nacc, nacc + 1))
+                ".f32.%s.%s {%s}, $%d, $%d, p, 1, 1, %s; }"
+                % (nacc + 2, n, ab, ab, regs, nacc, nacc + 1, trans))
         cons = ",".join(["=f"] * nacc + ["l", "l", "r"] + [str(i) for i in range(nacc)])
 
         @intrinsic
@@ -235,6 +253,7 @@ if not SIMULATOR:
     _wait32, _wait64 = _wait_intrinsic(32), _wait_intrinsic(64)
     _ss_f16_64, _ss_f16_128 = _ss_intrinsic(64, False), _ss_intrinsic(128, False)
     _ss_bf16_64, _ss_bf16_128 = _ss_intrinsic(64, True), _ss_intrinsic(128, True)
+    _ss_mn_f16_64, _ss_mn_bf16_64 = _ss_intrinsic(64, False, True), _ss_intrinsic(64, True, True)
     _rs_f16_64, _rs_f16_128 = _rs_intrinsic(64, False), _rs_intrinsic(128, False)
     _rs_bf16_64, _rs_bf16_128 = _rs_intrinsic(64, True), _rs_intrinsic(128, True)
 
@@ -262,6 +281,15 @@ if not SIMULATOR:
                 _ss_f16_128(acc, desc_a, desc_b, scale_d)
 
     @cuda.jit(device=True, inline=True)
+    def wgmma_ss_mn(is_bf16, acc, desc_a, desc_b, scale_d):
+        """m64n64k16 with A and B in shared memory, both MN-major (A's rows, B's columns
+        contiguous: the tiles hold A^T and B as [k][64 elements])."""
+        if is_bf16:
+            _ss_mn_bf16_64(acc, desc_a, desc_b, scale_d)
+        else:
+            _ss_mn_f16_64(acc, desc_a, desc_b, scale_d)
+
+    @cuda.jit(device=True, inline=True)
     def wgmma_rs(is_bf16, n, acc, a0, a1, a2, a3, desc_b):
         """m64n{n}k16 accumulating, A in registers, B (MN-major) in shared memory."""
         if is_bf16:
@@ -279,6 +307,6 @@ else:
     def _unavailable(*args):
         raise NotImplementedError("wgmma needs a compute-capability 9.0 GPU (not the simulator)")
 
-    shared_addr = sw128_desc = cp_async16_to = cp_async4_to = lds_i32x2 = _unavailable
+    shared_addr = sw128_desc = cp_async16_to = cp_async4_to = lds_i32x2 = sts32 = _unavailable
     fence_proxy_async = _unavailable
-    wgmma_fence = wgmma_commit = wgmma_wait = wgmma_ss = wgmma_rs = _unavailable
+    wgmma_fence = wgmma_commit = wgmma_wait = wgmma_ss = wgmma_ss_mn = wgmma_rs = _unavailable
