@@ -30,7 +30,7 @@ from ..primitives import SIMULATOR
 from .arrays import (array_kind, dtype_name as array_dtype, empty_like_kind, fixed_param, interface,
                      kernel_array)
 from .attention import wgmma_device, window_flags
-from .driver import (LaunchPlan, ScalarParam, compile_kernel, current_device,
+from .driver import (LaunchPlan, ScalarParam, compile_kernel, current_device, memset32_async,
                      raise_dynamic_smem_limit)
 from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
@@ -74,19 +74,25 @@ def backward_geometry(dtype_name: str, head_dim: int, tiles=None) -> dict:
                 dq_warps=0, dq_block_m=own, dq_block_n=streamed)
 
 
-def _zeros(kind, shape, dtype, stream):
-    if kind == "numpy":
-        return np.zeros(shape, dtype)
-    arr = cuda.device_array(shape, dtype=dtype, stream=stream)
-    if arr.size:
-        cuda.driver.device_memset(arr, 0, arr.nbytes, stream=stream)
+def _workspace(call, shape, zero=False):
+    """A float32 / float64 (``call.acc_dt``) workspace, zeroed when ``zero``. On the caller's
+    current stream it comes from the caller's allocator (CuPy's pool, torch's caching
+    allocator), cleared by a driver memset on that stream: Numba's allocations cost a
+    cuMemAlloc per call and, every few calls, a deferred cuMemFree that waits for the device.
+    With an explicit ``stream`` (the caller's allocator would hand the memory back to another
+    stream's pool while the kernels still run) and in the simulator (NumPy): Numba / NumPy."""
+    if call.kind == "numpy":
+        return (np.zeros if zero else np.empty)(shape, call.acc_dt)
+    if call.stream is None and call.kind in ("cupy", "torch"):
+        arr = empty_like_kind(call.kind, call.like, shape, np.dtype(call.acc_dt).name)
+        if zero and arr.nbytes:
+            memset32_async(arr.__cuda_array_interface__["data"][0], 0, arr.nbytes // 4,
+                           raw_stream_handle(None, call.kind, call.like))
+        return arr
+    arr = cuda.device_array(shape, dtype=call.acc_dt, stream=call.launch_stream)
+    if zero and arr.size:
+        cuda.driver.device_memset(arr, 0, arr.nbytes, stream=call.launch_stream)
     return arr
-
-
-def _empty(kind, shape, dtype, stream):
-    if kind == "numpy":
-        return np.empty(shape, dtype)
-    return cuda.device_array(shape, dtype=dtype, stream=stream)
 
 
 def _mask_args(plan):
@@ -260,8 +266,7 @@ def _preprocess(call, ko, kdo, klse, cu_q):
     """delta and the kernels' lse, (B, Hq, SqP) in the accumulator dtype (rows padded to
     ``ROW_PAD``)."""
     rows_padded = -(-call.seqlen_q // bw.ROW_PAD) * bw.ROW_PAD
-    delta, lse2 = (_empty(call.kind, (call.batch, call.heads_q, rows_padded), call.acc_dt,
-                          call.launch_stream) for _ in range(2))
+    delta, lse2 = (_workspace(call, (call.batch, call.heads_q, rows_padded)) for _ in range(2))
     bf16 = _HALF.get(call.dtype_name, False)
     pre = _cached(("pre", call.half, bf16, call.is_f64, call.lead),
                   lambda: bw.make_preprocess_kernel(call.half, bf16, call.is_f64, call.lead))
@@ -275,17 +280,17 @@ def _accumulators(call, deterministic, dk, dv, k_rows):
     """(dq_acc, dk_acc, dv_acc, direct): the float32 / float64 accumulators (dq's zeroed for
     atomics; ``direct``: float32 / float64 dK, dV written into dk, dv themselves). A packed
     batch's rows outside every sequence get no kernel writes: zeroed, they reduce to 0."""
-    kind, stream, lead = call.kind, call.launch_stream, call.lead
+    lead = call.lead
     q_shape = tuple(call.like.shape)
     q_rows = (1,) + q_shape if lead else q_shape
-    dq_acc = (_empty if deterministic and not lead else _zeros)(kind, q_rows, call.acc_dt, stream)
+    dq_acc = _workspace(call, q_rows, zero=lead or not deterministic)
     direct = not call.half and call.ratio == 1 and not lead
     if direct:
         dk_acc, dv_acc = (kernel_array(x, array_kind(x), False) for x in (dk, dv))
     else:
         rows = (1, k_rows) if lead else (call.batch, call.seqlen_k)
-        dk_acc, dv_acc = ((_zeros if lead else _empty)(kind, rows + (call.heads_q, call.head_dim),
-                                                        call.acc_dt, stream) for _ in range(2))
+        dk_acc, dv_acc = (_workspace(call, rows + (call.heads_q, call.head_dim), zero=lead)
+                          for _ in range(2))
     return dq_acc, dk_acc, dv_acc, direct
 
 
