@@ -1,5 +1,5 @@
-"""Hopper (sm_90a) primitives for the forward kernel: warpgroup matrix products (``wgmma``) and
-the shared-memory addressing they need.
+"""Hopper (sm_90a) primitives for the forward and backward kernels: warpgroup matrix products
+(``wgmma``) and the shared-memory addressing they need.
 
 Numba compiles for ``compute_90a`` on a compute-capability 9.0 device, so ``wgmma`` is
 available through inline PTX. A warpgroup (4 consecutive warps, 128 threads, starting at a warp
@@ -21,7 +21,8 @@ bits 7-9); wider rows are split into such 64-column blocks placed one after the 
 * K-major operands (Q as A, K as B of Q K^T: the reduced dimension is contiguous): stride byte
   offset 1024 (8 rows of 128 bytes), leading offset unused; k-step ``kk`` starts at column
   block ``kk // 4`` plus ``32 (kk % 4)`` bytes.
-* MN-major operand (V as B of P V, the output dimension contiguous, ``trans-b`` = 1): leading
+* MN-major operand (V as B of P V, the output dimension contiguous, ``trans-b`` = 1; the
+  backward's dS^T and K as A and B of dS K, ``wgmma_ss_mn``, both transpose bits set): leading
   byte offset = the distance between 64-column blocks, stride byte offset 1024 (8 key rows);
   k-step ``kb`` (16 keys) starts ``16 kb`` rows in.
 
