@@ -1,7 +1,11 @@
 """One fp16 forward + backward of numba_flash on the GPU, for a profiler (Nsight Compute):
 
-    ncu -k regex:dkdv -c 1 --section SpeedOfLight --section WarpStateStats \
+    ncu -k regex:kernel_ --launch-skip 2 -c 1 --set full \
         python scripts/experiments/backward_profile.py --n 4096 --head-dim 128 [--causal]
+
+(Numba names every kernel ``kernel_<digest>``: launches go forward, preprocess, dK / dV, then the
+reduce passes, so skipping two launches profiles the dK / dV kernel;
+docs/data/ncu_backward_mma_h200_2026-11-27_2d7229c_hd128.txt is that run.)
 
 Runs the call twice (the first compiles), synchronising after each.
 """
