@@ -6,6 +6,7 @@
 #   bash scripts/gpu_run.sh racecheck  # the same with racecheck
 #   bash scripts/gpu_run.sh bench      # launch overhead, backward, forward quick
 #   bash scripts/gpu_run.sh bench2     # exact precisions with the tensor-core kernels, decode
+#   bash scripts/gpu_run.sh backward   # the backward's tests, fp16 / bf16 benchmark, memcheck
 #   bash scripts/gpu_run.sh first      # first call per operation in fresh processes, cold / warm
 #
 # Every step writes its raw output under $OUT (default ./out) and prints a short tail.
@@ -35,6 +36,17 @@ case "${1:-}" in
       --out "$OUT/exact.json") | tail -6
     timeout 120 python scripts/bench_decode.py --quick --out "$OUT/decode.json" \
       --plot "$OUT/decode.png" | tail -8 ;;
+  backward)
+    timeout 240 python -m pytest -q -n 16 -p no:cacheprovider tests/test_cuda_backward.py \
+      tests/test_torch_autograd.py tests/test_backward_api.py 2>&1 \
+      | tee "$OUT/gpu_tests_backward.log" | tail -4
+    timeout 150 python scripts/bench_backward.py --dims 64,128,256 --no-flex --no-deterministic \
+      --json "$OUT/backward_fp16.json" | tail -8
+    timeout 90 python scripts/bench_backward.py --dims 128 --dtype bfloat16 --no-flex \
+      --no-deterministic --json "$OUT/backward_bf16.json" | tail -4
+    timeout 100 compute-sanitizer --tool memcheck --report-api-errors no \
+      python scripts/sanitize_backward.py > "$OUT/sanitize_memcheck_backward.log" 2>&1
+    echo "memcheck exit $?"; tail -3 "$OUT/sanitize_memcheck_backward.log" ;;
   first)
     # A user's installed packages carry their bytecode (.pyc); this image's Python may not write
     # it (PYTHONDONTWRITEBYTECODE), and the numpy wheel is installed without it: compile it once
@@ -46,5 +58,6 @@ case "${1:-}" in
     timeout 500 python scripts/bench_first_call.py --json "$OUT/first_call.json" \
       | tee "$OUT/first_call.log" | tail -16 ;;
   *)
-    echo "usage: bash scripts/gpu_run.sh tests|memcheck|racecheck|bench|bench2|first" >&2; exit 2 ;;
+    echo "usage: bash scripts/gpu_run.sh tests|memcheck|racecheck|bench|bench2|backward|first" >&2
+    exit 2 ;;
 esac

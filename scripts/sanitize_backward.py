@@ -3,7 +3,8 @@
     python scripts/sanitize_backward.py
 
 numba_flash.attention_backward on torch tensors (Sq 77, Sk 93, GQA 2, causal and full): the
-16-bit dK / dV kernel at head_dim 64 and 128 (one warp per 16 keys), 80 (16-column dQ units)
+16-bit dK / dV kernel at head_dim 64 and 128 (on a compute-capability 9.0 GPU the wgmma
+kernel, kernels/backward_wgmma.py; elsewhere one warp per 16 keys), 80 (16-column dQ units)
 and 192 / 256 (two warps per 16 keys), atomic and deterministic dQ; float32 / float64 at 64
 and 96 (CUDA-core kernels).
 """
