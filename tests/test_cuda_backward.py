@@ -9,6 +9,7 @@ with its intermediates rounded to the input dtype, plus a tiny atol (flash-attn'
 """
 from __future__ import annotations
 
+import zlib
 import numpy as np
 import pytest
 
@@ -119,7 +120,7 @@ FMA_CASES = [
 @pytest.mark.parametrize("case", FMA_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_fma_against_dense(case):
     dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap = case
-    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     run_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap,
              tiles=FMA_TILES)
 
@@ -138,7 +139,7 @@ WIDE_TILES = (2, 32, 64)
 @pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_mma_against_dense(case):
     dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap, det = case
-    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     run_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap,
              deterministic=det, tiles=MMA_TILES)
 

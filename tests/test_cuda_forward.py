@@ -9,6 +9,7 @@ same dtype (scores, probabilities and output each rounded to it) + a tiny atol.
 """
 from __future__ import annotations
 
+import zlib
 import itertools
 
 import numpy as np
@@ -156,7 +157,7 @@ MATRIX_CASES = [
     ids=lambda c: "-".join(map(str, c)))
 def test_against_reference(case):
     dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap = case
-    rng = np.random.default_rng(hash(case) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     check_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal, window, sinks, softcap)
 
 
