@@ -4,32 +4,15 @@ of two source trees in alternating processes (issue 17's tile-walk helpers):
     PYTHONPATH=TREE_A python scripts/experiments/forward_ab.py --tag A --json a1.json
     PYTHONPATH=TREE_B python scripts/experiments/forward_ab.py --tag B --json b1.json  ...
 
-Each configuration: median ms of 20 calls between CUDA events after warm-up, B4 H16 N4096
+Each configuration: median ms of 20 calls between CUDA events after warm-up (bench_masks.timed), B4 H16 N4096
 (fp32 / fp64: B2 N2048; masks: B2 N8192), torch inputs.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
-
-def timed(fn, reps=20, warmup=3):
-    """Median ms of ``reps`` calls of ``fn``, each alone between two CUDA events (torch)."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+from bench_masks import timed
 
 
 def main():
@@ -58,7 +41,7 @@ def main():
             for causal in (False, True):
                 tag = f"float64_d{d}_{'causal' if causal else 'full'}"
                 rows[f"dmma_{tag}"] = timed(lambda: numba_flash.attention(
-                    q, k, v, causal=causal, precision="tensor_cores"))
+                    q, k, v, causal=causal, precision="tensor_cores"), 20)
                 with sdpa_kernel(SDPBackend.MATH):
                     rows[f"sdpa_math_{tag}"] = timed(lambda: F.scaled_dot_product_attention(
                         qs, ks, vs, is_causal=causal), 5)
@@ -71,13 +54,13 @@ def main():
             "float32_d64": (2, 2048, 64, torch.float32),
             "float64_d128": (2, 2048, 128, torch.float64)}.items():
         q, k, v = inputs(b, n, 16, d, dtype)
-        rows[f"{name}_causal"] = timed(lambda: numba_flash.attention(q, k, v, causal=True))
-        rows[f"{name}_full"] = timed(lambda: numba_flash.attention(q, k, v))
+        rows[f"{name}_causal"] = timed(lambda: numba_flash.attention(q, k, v, causal=True), 20)
+        rows[f"{name}_full"] = timed(lambda: numba_flash.attention(q, k, v), 20)
         del q, k, v
     q, k, v = inputs(2, 8192, 16, 128, torch.bfloat16)
     docs = masks.document([1000, 3000, 192, 4000])
     rows["bfloat16_d128_document_causal"] = timed(
-        lambda: numba_flash.attention(q, k, v, mask=docs, causal=True))
+        lambda: numba_flash.attention(q, k, v, mask=docs, causal=True), 20)
     bits = masks.from_dense((torch.rand(8192, 8192, device="cuda") < 0.5).cpu().numpy())
     rows["bfloat16_d128_bitmask"] = timed(lambda: numba_flash.attention(q, k, v, mask=bits), 5)
     _report(args, rows, torch)

@@ -86,8 +86,7 @@ def _workspace(call, shape, zero=False):
     if call.stream is None and call.kind in ("cupy", "torch"):
         arr = empty_like_kind(call.kind, call.like, shape, np.dtype(call.acc_dt).name)
         if zero and arr.nbytes:
-            memset32_async(arr.__cuda_array_interface__["data"][0], 0, arr.nbytes // 4,
-                           raw_stream_handle(None, call.kind, call.like))
+            memset32_async(interface(arr, call.kind)[0], 0, arr.nbytes // 4, call.handle)
         return arr
     arr = cuda.device_array(shape, dtype=call.acc_dt, stream=call.launch_stream)
     if zero and arr.size:
@@ -169,7 +168,8 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
     call = _Call(kind, dtype_name, half, is_f64, np.float64 if is_f64 else np.float32, lead,
                  batch, heads_q, seqlen_q, seqlen_k, heads_q // heads_kv, head_dim, geo,
                  tuple(flags), plan_kv.kind, (plan_kv.mask_mod, alibi_slopes is not None, lead),
-                 launch_stream, stream, q)
+                 launch_stream, 0 if SIMULATOR else raw_stream_handle(stream, kind, q), stream,
+                 q)
     # Each array by its own kind: a bfloat16 caller may hold torch tensors and a CuPy lse.
     if half:
         _check_rows_aligned(q=q, k=k, v=v, dout=dout)
@@ -214,6 +214,7 @@ class _Call(NamedTuple):
     mask_kind: int
     options: tuple           # mask_mod, has_alibi, varlen (factory keywords, kernel cache key)
     launch_stream: object
+    handle: int              # the launch stream's raw handle (0 in the simulator)
     stream: object
     like: object
 
@@ -376,7 +377,7 @@ def _launch(call, kern, grid, threads, args, smem=0):
             raise_dynamic_smem_limit(cufunc.handle, smem, device)
             _SMEM_RAISED.add((id(cufunc), device))
     plan = LaunchPlan(cufunc, params, grid, threads, smem, keep=(args,))
-    plan.launch([], raw_stream_handle(call.stream, call.kind, call.like))
+    plan.launch([], call.handle)
 
 
 def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic=False, stream=None):
