@@ -69,6 +69,7 @@ CONFIGS["wgmma_dkdv_float16_d128_plain"] = ("wgmma", "float16", 128, "plain", Tr
 CONFIGS["wgmma_dkdv_bfloat16_d64_causal"] = ("wgmma", "bfloat16", 64, "causal", True, NONE)
 CONFIGS["wgmma_dkdv_float16_d128_window_sinks_softcap"] = ("wgmma", "float16", 128,
                                                            "window_sinks_softcap", True, NONE)
+CONFIGS["wgmma_dkdv_bfloat16_d256_causal"] = ("wgmma", "bfloat16", 256, "causal", True, NONE)
 CONFIGS["wgmma_dkdv_bfloat16_d128_causal_intervals_det"] = ("wgmma", "bfloat16", 128, "causal",
                                                             False, INTERVALS)
 

@@ -21,9 +21,14 @@ shared buffers by cp.async. Per query tile, per warpgroup (``Q``, ``dO`` the til
                             64 w .. over all 128 keys; head_dim 64: over its own 64 keys
                             (both add into dQ by atomics)
 
+head_dim 256 (``wgmma_split``): the block owns 64 keys; both warpgroups compute S^T and dP^T of
+all of them, each accumulates dK / dV for 128 of the columns and adds dQ's 128 columns of the
+same half.
+
 Shared memory (128-byte swizzle, 64-column blocks; primitives/wgmma.py): the stats of two
-tiles (base-2 lse, delta), then from a 1024-byte aligned base K and V (128 rows), two Q and
-two dO buffers (64 rows), dS^T (128 keys x 64 rows). head_dim 128: 149.5 KB, one block per SM.
+tiles (base-2 lse, delta), then from a 1024-byte aligned base K and V (the block's keys), two Q
+and two dO buffers (64 rows), dS^T (keys x 64 rows). head_dim 128: 149.5 KB, one block per SM;
+256: 202 KB.
 """
 from __future__ import annotations
 
@@ -40,29 +45,42 @@ from .forward_mma_tiles import copy_rows
 from .jitcache import jit_kernel
 from .masking import NONE, mask_mod_device
 
-__all__ = ["WG_BWD_HEAD_DIMS", "WG_BWD_THREADS", "WG_BWD_BLOCK_N", "WG_BWD_BLOCK_M",
+__all__ = ["WG_BWD_HEAD_DIMS", "WG_BWD_THREADS", "WG_BWD_BLOCK_M", "wgmma_block_n",
            "wgmma_dkdv_smem_bytes", "make_wgmma_dkdv_kernel"]
 
-WG_BWD_HEAD_DIMS = (64, 128)
+WG_BWD_HEAD_DIMS = (64, 128, 256)
 WG_BWD_THREADS = 256
-WG_BWD_BLOCK_N = 128        # keys per block, 64 per warpgroup
 WG_BWD_BLOCK_M = 64         # rows per streamed query tile
+
+
+def wgmma_split(head_dim: int) -> int:
+    """Warpgroups sharing each 64 keys: 1 (head_dim 64, 128: a block owns 128 keys), or 2 at
+    head_dim 256, where dK and dV of 64 keys by the whole head would fill a warpgroup's
+    registers: both compute S^T and dP^T of the block's 64 keys, each accumulates dK / dV (and
+    adds dQ) for half of the columns."""
+    return 2 if head_dim == 256 else 1
+
+
+def wgmma_block_n(head_dim: int) -> int:
+    """Keys owned per block: 64 per warpgroup, or 64 in all with the column split."""
+    return 128 // wgmma_split(head_dim)
 
 
 def _tile_bytes(head_dim: int) -> tuple:
     """Byte offsets, from the aligned base, of K, V, the Q and dO buffer pairs and dS^T, and
     the total."""
-    kv = WG_BWD_BLOCK_N * head_dim * 2
+    bn = wgmma_block_n(head_dim)
+    kv = bn * head_dim * 2
     qd = 2 * WG_BWD_BLOCK_M * head_dim * 2
     k_off, v_off = 0, kv
     q_off, do_off = 2 * kv, 2 * kv + qd
     ds_off = 2 * kv + 2 * qd
-    return k_off, v_off, q_off, do_off, ds_off, ds_off + WG_BWD_BLOCK_N * WG_BWD_BLOCK_M * 2
+    return k_off, v_off, q_off, do_off, ds_off, ds_off + bn * WG_BWD_BLOCK_M * 2
 
 
 def wgmma_dkdv_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of the kernel: the stats (4 x 64 floats), 1024 bytes of alignment
-    slack, the tiles."""
+    slack, the tiles (head_dim 128: 149.5 KB; 256: 201 KB)."""
     return 4 * WG_BWD_BLOCK_M * 4 + 1024 + _tile_bytes(head_dim)[-1]
 
 
@@ -137,34 +155,40 @@ def store_ds_t(ds_row, pkd, lane):
 
 
 @cuda.jit(device=True, inline=True)
-def dq_product(dqa, ds_a, k_b, steps, bf16):
-    """``dqa`` (float32 32: rows of the warp's 16 x 64 columns) = dS K over ``steps`` 16-key
-    k-steps (A = dS from the MN-major dS^T tile, B = K's MN-major column block); waits."""
+def dq_product(dqa, ds_a, k_b, steps, n, bf16):
+    """``dqa`` (float32 n / 2: the warp's 16 rows x n columns) = dS K over ``steps`` 16-key
+    k-steps (A = dS from the MN-major dS^T tile, B = K's MN-major column blocks); waits."""
     wgmma_fence()
     for kb in range(steps):
-        wgmma_ss_mn(bf16, dqa, rows_desc(ds_a, kb), rows_desc(k_b, kb), 0 if kb == 0 else 1)
+        wgmma_ss_mn(bf16, n, dqa, rows_desc(ds_a, kb), rows_desc(k_b, kb), 0 if kb == 0 else 1)
     wgmma_commit()
-    wgmma_wait(64, dqa)
+    wgmma_wait(n, dqa)
 
 
 def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                            has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                            mask_kind: int = NONE, mask_mod=None, has_alibi: bool = False,
                            varlen: bool = False):
-    """The wgmma dK / dV kernel (module docstring) for head_dim 64 or 128: the signature,
-    arguments and outputs of ``backward.make_mma_dkdv_kernel``; grid ``(ceil(Sk / 128), B *
-    Hq)``, ``WG_BWD_THREADS`` threads, ``wgmma_dkdv_smem_bytes`` of dynamic shared memory."""
+    """The wgmma dK / dV kernel (module docstring) for head_dim 64, 128 or 256: the signature,
+    arguments and outputs of ``backward.make_mma_dkdv_kernel``; grid ``(ceil(Sk /
+    wgmma_block_n), B * Hq)``, ``WG_BWD_THREADS`` threads, ``wgmma_dkdv_smem_bytes`` of dynamic
+    shared memory."""
     D = int(head_dim)
     assert D in WG_BWD_HEAD_DIMS, D
-    BN, BM, NT = WG_BWD_BLOCK_N, WG_BWD_BLOCK_M, WG_BWD_THREADS
+    SPLIT, BN = wgmma_split(D), wgmma_block_n(D)
+    BM, NT = WG_BWD_BLOCK_M, WG_BWD_THREADS
+    DH = D // SPLIT                                # dK / dV columns of a warpgroup
     KS, NSEG = D // 16, D // 64
     BLK_K, BLK_Q = BN * 128, BM * 128              # bytes per 64-column block of a tile
     K_OFF, V_OFF, Q_OFF, DO_OFF, DS_OFF, _ = _tile_bytes(D)
     BUF = BM * D * 2                               # bytes of one Q (dO) buffer
     RPP = NT // 8                                  # rows per copy pass (8 threads per segment)
     KV_PASSES, Q_PASSES = BN // RPP, BM // RPP
-    DQ_STEPS = BN // 16 if D == 128 else 4         # 16-key steps of a warpgroup's dQ product
-    ACC_N = D // 2
+    # dQ per warpgroup: head_dim 64, its own 64 keys x 64 columns; 128, all 128 keys x its 64
+    # columns; 256, the block's 64 keys x its 128 columns
+    DQ_STEPS = 8 if D == 128 else 4
+    DQ_N = 128 if D == 256 else 64
+    ACC_N, DQA_N = DH // 2, DQ_N // 2
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
     ALIBI, VARLEN = bool(has_alibi), bool(varlen)
     mod = mask_mod_device(mask_mod)
@@ -179,7 +203,9 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         warp = tid >> 5
         lane = tid & 31
         wg = warp >> 2                      # the warpgroup
-        own0 = 16 * warp                    # the warp's 16 keys (its accumulator rows)
+        kw0 = 64 * wg if SPLIT == 1 else 0  # its 64 keys in the block's tile
+        own0 = 16 * warp if SPLIT == 1 else 16 * (warp & 3)   # the warp's 16 keys
+        col0 = wg * DH if SPLIT == 2 else 0  # the warpgroup's first dK / dV column
         k0 = ktile * BN
         if VARLEN and k0 >= seqlen_k:
             return
@@ -193,26 +219,28 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         cp_row = tid >> 3
         cp_part = tid & 7
         cp_dst = cp_row * 128 + ((cp_part ^ (cp_row & 7)) << 4)
-        dk_a = sw128_desc(sbase + K_OFF + wg * 64 * 128, 16, 1024)     # K_w, K-major
-        dv_a = sw128_desc(sbase + V_OFF + wg * 64 * 128, 16, 1024)
+        dk_a = sw128_desc(sbase + K_OFF + kw0 * 128, 16, 1024)        # K_w, K-major
+        dv_a = sw128_desc(sbase + V_OFF + kw0 * 128, 16, 1024)
         dq_b = sw128_desc(sbase + Q_OFF, 16, 1024)                    # Q, K-major
         ddo_b = sw128_desc(sbase + DO_OFF, 16, 1024)
-        dq_mn = sw128_desc(sbase + Q_OFF, BLK_Q, 1024)                # Q, MN-major
-        ddo_mn = sw128_desc(sbase + DO_OFF, BLK_Q, 1024)
-        if D == 128:     # warpgroup wg: dQ columns 64 wg .., all 128 keys
+        cblk = (col0 // 64) * BLK_Q                                   # its dO / Q columns
+        dq_mn = sw128_desc(sbase + Q_OFF + cblk, BLK_Q, 1024)         # Q, MN-major
+        ddo_mn = sw128_desc(sbase + DO_OFF + cblk, BLK_Q, 1024)
+        if D == 64:      # warpgroup wg: dQ over its own 64 keys, all 64 columns
+            ds_a = sw128_desc(sbase + DS_OFF + kw0 * 128, BLK_K, 1024)
+            k_b = sw128_desc(sbase + K_OFF + kw0 * 128, BLK_K, 1024)
+            dq_col0 = 0
+        else:            # all the block's keys, DQ_N columns from DQ_N wg
             ds_a = sw128_desc(sbase + DS_OFF, BLK_K, 1024)
-            k_b = sw128_desc(sbase + K_OFF + wg * BLK_K, BLK_K, 1024)
-        else:            # its own 64 keys, all 64 columns
-            ds_a = sw128_desc(sbase + DS_OFF + wg * 64 * 128, BLK_K, 1024)
-            k_b = sw128_desc(sbase + K_OFF + wg * 64 * 128, BLK_K, 1024)
-        dq_col0 = 64 * wg if D == 128 else 0
+            k_b = sw128_desc(sbase + K_OFF + (DQ_N // 64) * wg * BLK_K, BLK_K, 1024)
+            dq_col0 = DQ_N * wg
         st = cuda.local.array(32, f32)
         dpt = cuda.local.array(32, f32)
         pkp = cuda.local.array(16, u32)
         pkd = cuda.local.array(16, u32)
         dk = cuda.local.array(ACC_N, f32)
         dv = cuda.local.array(ACC_N, f32)
-        dqa = cuda.local.array(32, f32)
+        dqa = cuda.local.array(DQA_N, f32)
         zero(dk, ACC_N)
         zero(dv, ACC_N)
         lo, hi = query_rows(k0, min(k0 + BN, seqlen_k), seqlen_q, seqlen_k - seqlen_q,
@@ -251,24 +279,27 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
             probs_grads(st, dpt, pkp, pkd, 8, lane, True, own0, r0, k0, ls[cur], dls[cur], 0,
                         scale_log2, cap_in, cap_log2, has_softcap, BF16, full, where, has_left,
                         has_right, has_sinks, KIND, mk_iv, mk_bits, mod, ALIBI, slope_log2)
-            if ATOMIC:
+            if ATOMIC and (SPLIT == 1 or wg == 0):      # one copy of each key's dS^T
                 store_ds_t(sbase + DS_OFF + own0 * 128, pkd, lane)
-            accumulate_kv(dv, dk, pkp, pkd, ddo_mn + cb, dq_mn + cb, D, BF16)
+            accumulate_kv(dv, dk, pkp, pkd, ddo_mn + cb, dq_mn + cb, DH, BF16)
+            if SPLIT == 2:      # free the packed P^T / dS^T registers before dQ's accumulators
+                wgmma_wait(DH, dv)
+                wgmma_wait(DH, dk)
             if ATOMIC:
                 fence_proxy_async()     # dS^T (generic stores) visible to wgmma
                 cuda.syncthreads()      # the whole tile's dS^T is in place
-                dq_product(dqa, ds_a, k_b, DQ_STEPS, BF16)
+                dq_product(dqa, ds_a, k_b, DQ_STEPS, DQ_N, BF16)
                 store_fragments(dq_acc, ab, q_off + r0 + 16 * (warp & 3), h, dqa, scale,
-                                q_off + seqlen_q, dq_col0, 8, lane, True)
-            wgmma_wait(D, dv)
-            wgmma_wait(D, dk)
+                                q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
+            wgmma_wait(DH, dv)
+            wgmma_wait(DH, dk)
             cur = 1 - cur
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
-        store_fragments(dk_acc, ab, k_off + k0 + own0, h, dk, scale, k_off + seqlen_k, 0,
-                        D // 8, lane, False)
+        store_fragments(dk_acc, ab, k_off + k0 + own0, h, dk, scale, k_off + seqlen_k, col0,
+                        DH // 8, lane, False)
         store_fragments(dv_acc, ab, k_off + k0 + own0, h, dv, np.float32(1.0),
-                        k_off + seqlen_k, 0, D // 8, lane, False)
+                        k_off + seqlen_k, col0, DH // 8, lane, False)
 
     return jit_kernel(kernel, ("bwd_wgmma_dkdv", D, BF16, has_left, has_right, has_sinks,
                                has_softcap, ATOMIC, KIND, ALIBI, VARLEN),

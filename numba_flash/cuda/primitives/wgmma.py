@@ -255,6 +255,8 @@ if not SIMULATOR:
     _ss_f16_64, _ss_f16_128 = _ss_intrinsic(64, False), _ss_intrinsic(128, False)
     _ss_bf16_64, _ss_bf16_128 = _ss_intrinsic(64, True), _ss_intrinsic(128, True)
     _ss_mn_f16_64, _ss_mn_bf16_64 = _ss_intrinsic(64, False, True), _ss_intrinsic(64, True, True)
+    _ss_mn_f16_128 = _ss_intrinsic(128, False, True)
+    _ss_mn_bf16_128 = _ss_intrinsic(128, True, True)
     _rs_f16_64, _rs_f16_128 = _rs_intrinsic(64, False), _rs_intrinsic(128, False)
     _rs_bf16_64, _rs_bf16_128 = _rs_intrinsic(64, True), _rs_intrinsic(128, True)
 
@@ -282,13 +284,19 @@ if not SIMULATOR:
                 _ss_f16_128(acc, desc_a, desc_b, scale_d)
 
     @cuda.jit(device=True, inline=True)
-    def wgmma_ss_mn(is_bf16, acc, desc_a, desc_b, scale_d):
-        """m64n64k16 with A and B in shared memory, both MN-major (A's rows, B's columns
-        contiguous: the tiles hold A^T and B as [k][64 elements])."""
+    def wgmma_ss_mn(is_bf16, n, acc, desc_a, desc_b, scale_d):
+        """m64n{n}k16 with A and B in shared memory, both MN-major (A's rows, B's columns
+        contiguous: the tiles hold A^T and B as [k][64-element blocks]); n is 64 or 128."""
         if is_bf16:
-            _ss_mn_bf16_64(acc, desc_a, desc_b, scale_d)
+            if n == 64:
+                _ss_mn_bf16_64(acc, desc_a, desc_b, scale_d)
+            else:
+                _ss_mn_bf16_128(acc, desc_a, desc_b, scale_d)
         else:
-            _ss_mn_f16_64(acc, desc_a, desc_b, scale_d)
+            if n == 64:
+                _ss_mn_f16_64(acc, desc_a, desc_b, scale_d)
+            else:
+                _ss_mn_f16_128(acc, desc_a, desc_b, scale_d)
 
     @cuda.jit(device=True, inline=True)
     def wgmma_rs(is_bf16, n, acc, a0, a1, a2, a3, desc_b):
