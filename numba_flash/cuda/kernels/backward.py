@@ -782,6 +782,21 @@ def store_fragments(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, atom
 
 
 @cuda.jit(device=True, inline=True)
+def store_rows16(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, is_bf16):
+    """``store_fragments``' rows and columns times ``factor``, rounded to 16 bits: one word of
+    two values per pair of columns into ``dst[b, row, h, word]`` (uint32 (B, S, H, D / 2)):
+    dK / dV written as the outputs themselves (no float32 partials, no reduce pass)."""
+    g = lane >> 2
+    t = lane & 3
+    for e in range(0, 4, 2):
+        row = r0 + g + 4 * e
+        if row < limit:
+            for j in range(n_tiles):
+                dst[b, row, h, (col0 >> 1) + 4 * j + t] = pack16(
+                    is_bf16, acc[4 * j + e] * factor, acc[4 * j + e + 1] * factor)
+
+
+@cuda.jit(device=True, inline=True)
 def store_packed(ts, own0, col0, pk, n_tiles, lane):
     """Packed fragments (16 rows from ``own0`` x 8 n_tiles columns) into the shared word tile
     ``ts`` [row][column pair] from word ``col0``: the transpose that the dQ product reads
@@ -869,9 +884,10 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
                          has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                          mask_kind: int = NONE, warps: int = 0, block_n: int = 0,
                          block_m: int = 0, mask_mod=None, has_alibi: bool = False,
-                         varlen: bool = False):
+                         varlen: bool = False, direct: bool = False):
     """Column-parallel dK / dV (and with ``atomic_dq`` dQ) kernel on tensor cores, float16 /
-    bfloat16 with fp32 accumulation.
+    bfloat16 with fp32 accumulation. ``direct`` (one query head per kv head, no packed batch):
+    dk_acc / dv_acc are the 16-bit outputs themselves (uint32 words (B, Sk, Hkv, D / 2)).
 
     Kernel ``(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
     heads_ratio, scale, scale_log2, cap_in, cap_log2, window_left, window_right, sinks, mk_iv,
@@ -915,7 +931,8 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     # runtime integer on a GPU).
     ACC_N, DQ_N, PA_N = DH // 2, DC // 2, BN // 4
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
-    ALIBI, VARLEN = bool(has_alibi), bool(varlen)
+    ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
+    assert not (DIRECT and VARLEN)
     mod = mask_mod_device(mask_mod)
     u32, f32 = types.uint32, types.float32
 
@@ -1004,14 +1021,20 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
             cur = 1 - cur
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
-        store_fragments(dk_acc, ab, k_off + k0 + own0, h, dk, scale, k_off + seqlen_k, col0,
-                        DH // 8, lane, False)
-        store_fragments(dv_acc, ab, k_off + k0 + own0, h, dv, np.float32(1.0),
-                        k_off + seqlen_k, col0, DH // 8, lane, False)
+        if DIRECT:
+            store_rows16(dk_acc, ab, k0 + own0, h, dk, scale, seqlen_k, col0, DH // 8, lane,
+                         BF16)
+            store_rows16(dv_acc, ab, k0 + own0, h, dv, np.float32(1.0), seqlen_k, col0,
+                         DH // 8, lane, BF16)
+        else:
+            store_fragments(dk_acc, ab, k_off + k0 + own0, h, dk, scale, k_off + seqlen_k,
+                            col0, DH // 8, lane, False)
+            store_fragments(dv_acc, ab, k_off + k0 + own0, h, dv, np.float32(1.0),
+                            k_off + seqlen_k, col0, DH // 8, lane, False)
 
     return jit_kernel(kernel, ("bwd_mma_dkdv", D, BF16, has_left, has_right, has_sinks,
                                has_softcap, ATOMIC, KIND, WARPS, BM, ALIBI, VARLEN)
-                      + ((BN,) if DSPLIT > 1 else ()),
+                      + ((BN,) if DSPLIT > 1 else ()) + (("direct",) if DIRECT else ()),
                       cache=mask_mod is None)
 
 

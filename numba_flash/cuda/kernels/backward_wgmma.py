@@ -40,7 +40,8 @@ from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async,
                           shared_view, sts32, sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs,
                           wgmma_ss, wgmma_ss_mn, wgmma_wait)
 from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
-                       prefetch_stats, probs_grads, query_rows, store_fragments, tile_kind, zero)
+                       prefetch_stats, probs_grads, query_rows, store_fragments, store_rows16,
+                       tile_kind, zero)
 from .forward_mma_tiles import copy_rows
 from .jitcache import jit_kernel
 from .masking import NONE, mask_mod_device
@@ -168,7 +169,7 @@ def dq_product(dqa, ds_a, k_b, steps, n, bf16):
 def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                            has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                            mask_kind: int = NONE, mask_mod=None, has_alibi: bool = False,
-                           varlen: bool = False):
+                           varlen: bool = False, direct: bool = False):
     """The wgmma dK / dV kernel (module docstring) for head_dim 64, 128 or 256: the signature,
     arguments and outputs of ``backward.make_mma_dkdv_kernel``; grid ``(ceil(Sk /
     wgmma_block_n), B * Hq)``, ``WG_BWD_THREADS`` threads, ``wgmma_dkdv_smem_bytes`` of dynamic
@@ -190,7 +191,8 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     DQ_N = 128 if D == 256 else 64
     ACC_N, DQA_N = DH // 2, DQ_N // 2
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
-    ALIBI, VARLEN = bool(has_alibi), bool(varlen)
+    ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
+    assert not (DIRECT and VARLEN)
     mod = mask_mod_device(mask_mod)
     u32, f32 = types.uint32, types.float32
 
@@ -296,11 +298,18 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
             cur = 1 - cur
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
-        store_fragments(dk_acc, ab, k_off + k0 + own0, h, dk, scale, k_off + seqlen_k, col0,
-                        DH // 8, lane, False)
-        store_fragments(dv_acc, ab, k_off + k0 + own0, h, dv, np.float32(1.0),
-                        k_off + seqlen_k, col0, DH // 8, lane, False)
+        if DIRECT:
+            store_rows16(dk_acc, ab, k0 + own0, h, dk, scale, seqlen_k, col0, DH // 8, lane,
+                         BF16)
+            store_rows16(dv_acc, ab, k0 + own0, h, dv, np.float32(1.0), seqlen_k, col0,
+                         DH // 8, lane, BF16)
+        else:
+            store_fragments(dk_acc, ab, k_off + k0 + own0, h, dk, scale, k_off + seqlen_k,
+                            col0, DH // 8, lane, False)
+            store_fragments(dv_acc, ab, k_off + k0 + own0, h, dv, np.float32(1.0),
+                            k_off + seqlen_k, col0, DH // 8, lane, False)
 
     return jit_kernel(kernel, ("bwd_wgmma_dkdv", D, BF16, has_left, has_right, has_sinks,
-                               has_softcap, ATOMIC, KIND, ALIBI, VARLEN),
+                               has_softcap, ATOMIC, KIND, ALIBI, VARLEN)
+                      + (("direct",) if DIRECT else ()),
                       cache=mask_mod is None)

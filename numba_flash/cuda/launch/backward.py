@@ -13,8 +13,8 @@ Order of the launches on one stream:
    zeroed accumulator (B, Sq, Hq, D);
 3. ``deterministic``: the row-parallel dQ kernel writes the dQ accumulator (no atomics);
 4. reduce kernels: dQ accumulator -> q's dtype; per-query-head dK / dV partials summed over each
-   GQA group (fixed order) -> k's dtype. Float32 / float64 inputs with Hq == Hkv skip the dK /
-   dV reduction (the kernel writes the outputs directly).
+   GQA group (fixed order) -> k's dtype. With Hq == Hkv and no packed batch the dK / dV kernel
+   writes dk and dv themselves (``_Call.direct``): no partials, no dK / dV reduction.
 """
 from __future__ import annotations
 
@@ -222,6 +222,12 @@ class _Call(NamedTuple):
         """x as the kernels read it (16-bit data as uint32 words; packed: batch axis 1)."""
         return kernel_array(x, array_kind(x), self.half, self.lead)
 
+    @property
+    def direct(self) -> bool:
+        """Whether the dK / dV kernel writes dk and dv themselves (one query head per kv head,
+        no packed batch): no float32 / float64 partials and no reduce pass for them."""
+        return self.ratio == 1 and not self.lead
+
     def factory_options(self) -> dict:
         mask_mod, has_alibi, varlen = self.options
         return dict(mask_mod=mask_mod, has_alibi=has_alibi, varlen=varlen)
@@ -285,9 +291,9 @@ def _accumulators(call, deterministic, dk, dv, k_rows):
     q_shape = tuple(call.like.shape)
     q_rows = (1,) + q_shape if lead else q_shape
     dq_acc = _workspace(call, q_rows, zero=lead or not deterministic)
-    direct = not call.half and call.ratio == 1 and not lead
+    direct = call.direct
     if direct:
-        dk_acc, dv_acc = (kernel_array(x, array_kind(x), False) for x in (dk, dv))
+        dk_acc, dv_acc = (call.wrap(x) for x in (dk, dv))
     else:
         rows = (1, k_rows) if lead else (call.batch, call.seqlen_k)
         dk_acc, dv_acc = (_workspace(call, rows + (call.heads_q, call.head_dim), zero=lead)
@@ -316,14 +322,16 @@ def _main_kernels(call, deterministic, dkdv_args, dq_args):
     if call.half:
         key = (call.head_dim, _HALF[call.dtype_name]) + call.flags + (call.mask_kind,
                                                                       geo["warps"], bn)
+        dkdv_options = dict(options, direct=call.direct)
         if geo["path"] == "wgmma":
-            dkdv = _cached(("wgmma_dkdv", not deterministic) + key + call.options,
+            dkdv = _cached(("wgmma_dkdv", not deterministic, call.direct) + key + call.options,
                            lambda: bwg.make_wgmma_dkdv_kernel(*key[:6], not deterministic,
-                                                              call.mask_kind, **options))
+                                                              call.mask_kind, **dkdv_options))
         else:
-            dkdv = _cached(("mma_dkdv", not deterministic) + key + (bm,) + call.options,
+            dkdv = _cached(("mma_dkdv", not deterministic, call.direct) + key + (bm,)
+                           + call.options,
                            lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic,
-                                                           *key[6:], bm, **options))
+                                                           *key[6:], bm, **dkdv_options))
         _launch(call, dkdv, (n_k, heads), geo["threads"], dkdv_args, geo["smem"])
         if deterministic:
             dq_key = key[:-2] + (geo["dq_warps"], geo["dq_block_m"], geo["dq_block_n"])
