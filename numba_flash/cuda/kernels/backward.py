@@ -797,6 +797,23 @@ def store_rows16(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, is_bf16
 
 
 @cuda.jit(device=True, inline=True)
+def store_dkdv(dk_acc, dv_acc, ab, key0, h, dk, dv, scale, k_off, seqlen_k, col0, n_tiles, lane,
+               is_bf16, direct):
+    """A warp's dK (times ``scale``) and dV accumulators, keys key0 + g (+ 8) of the sequence
+    (rows k_off + ... of a packed batch), columns col0 + 8 j + 2 t (+ 1): rounded into the
+    16-bit outputs (``direct``: uint32 words (B, Sk, Hkv, D / 2)), else as float32 partials."""
+    if direct:
+        store_rows16(dk_acc, ab, key0, h, dk, scale, seqlen_k, col0, n_tiles, lane, is_bf16)
+        store_rows16(dv_acc, ab, key0, h, dv, np.float32(1.0), seqlen_k, col0, n_tiles, lane,
+                     is_bf16)
+    else:
+        store_fragments(dk_acc, ab, k_off + key0, h, dk, scale, k_off + seqlen_k, col0,
+                        n_tiles, lane, False)
+        store_fragments(dv_acc, ab, k_off + key0, h, dv, np.float32(1.0), k_off + seqlen_k,
+                        col0, n_tiles, lane, False)
+
+
+@cuda.jit(device=True, inline=True)
 def store_packed(ts, own0, col0, pk, n_tiles, lane):
     """Packed fragments (16 rows from ``own0`` x 8 n_tiles columns) into the shared word tile
     ``ts`` [row][column pair] from word ``col0``: the transpose that the dQ product reads
@@ -1021,16 +1038,8 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
             cur = 1 - cur
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
-        if DIRECT:
-            store_rows16(dk_acc, ab, k0 + own0, h, dk, scale, seqlen_k, col0, DH // 8, lane,
-                         BF16)
-            store_rows16(dv_acc, ab, k0 + own0, h, dv, np.float32(1.0), seqlen_k, col0,
-                         DH // 8, lane, BF16)
-        else:
-            store_fragments(dk_acc, ab, k_off + k0 + own0, h, dk, scale, k_off + seqlen_k,
-                            col0, DH // 8, lane, False)
-            store_fragments(dv_acc, ab, k_off + k0 + own0, h, dv, np.float32(1.0),
-                            k_off + seqlen_k, col0, DH // 8, lane, False)
+        store_dkdv(dk_acc, dv_acc, ab, k0 + own0, h, dk, dv, scale, k_off, seqlen_k, col0,
+                   DH // 8, lane, BF16, DIRECT)
 
     return jit_kernel(kernel, ("bwd_mma_dkdv", D, BF16, has_left, has_right, has_sinks,
                                has_softcap, ATOMIC, KIND, WARPS, BM, ALIBI, VARLEN)

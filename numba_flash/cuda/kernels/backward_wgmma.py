@@ -40,7 +40,7 @@ from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async,
                           shared_view, sts32, sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs,
                           wgmma_ss, wgmma_ss_mn, wgmma_wait)
 from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
-                       prefetch_stats, probs_grads, query_rows, store_fragments, store_rows16,
+                       prefetch_stats, probs_grads, query_rows, store_dkdv, store_fragments,
                        tile_kind, zero)
 from .forward_mma_tiles import copy_rows
 from .jitcache import jit_kernel
@@ -298,16 +298,8 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
             cur = 1 - cur
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
-        if DIRECT:
-            store_rows16(dk_acc, ab, k0 + own0, h, dk, scale, seqlen_k, col0, DH // 8, lane,
-                         BF16)
-            store_rows16(dv_acc, ab, k0 + own0, h, dv, np.float32(1.0), seqlen_k, col0,
-                         DH // 8, lane, BF16)
-        else:
-            store_fragments(dk_acc, ab, k_off + k0 + own0, h, dk, scale, k_off + seqlen_k,
-                            col0, DH // 8, lane, False)
-            store_fragments(dv_acc, ab, k_off + k0 + own0, h, dv, np.float32(1.0),
-                            k_off + seqlen_k, col0, DH // 8, lane, False)
+        store_dkdv(dk_acc, dv_acc, ab, k0 + own0, h, dk, dv, scale, k_off, seqlen_k, col0,
+                   DH // 8, lane, BF16, DIRECT)
 
     return jit_kernel(kernel, ("bwd_wgmma_dkdv", D, BF16, has_left, has_right, has_sinks,
                                has_softcap, ATOMIC, KIND, ALIBI, VARLEN)
