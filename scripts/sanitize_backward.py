@@ -13,9 +13,9 @@ import torch
 import numba_flash
 
 
-def run(dtype, d, causal, deterministic):
+def run(dtype, d, causal, deterministic, heads_kv=1):
     q = torch.randn(1, 77, 2, d, device="cuda", dtype=dtype)
-    k, v = (torch.randn(1, 93, 1, d, device="cuda", dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(1, 93, heads_kv, d, device="cuda", dtype=dtype) for _ in range(2))
     out, lse = numba_flash.attention(q, k, v, causal=causal, return_lse=True)
     dout = torch.randn_like(out)
     numba_flash.attention_backward(dout, q, k, v, out, lse, causal=causal,
@@ -28,6 +28,8 @@ def main():
         for d in dims:
             for causal, det in ((False, False), (True, False), (True, True)):
                 run(dtype, d, causal, det)
+    for d in (64, 128, 256):        # one query head per kv head: dK / dV written directly
+        run(torch.float16, d, True, False, heads_kv=2)
     torch.cuda.synchronize()
     print("sanitize_backward: done")
 
