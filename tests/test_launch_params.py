@@ -194,14 +194,13 @@ def test_a_failed_memset_raises(recorder, monkeypatch):
         driver.output_clearer(16)(0x1000, 0, 0)
 
 
-def test_varlen_outputs_are_cleared_on_the_launch_stream_before_the_launch(recorder,
-                                                                           monkeypatch):
+def test_varlen_outputs_need_no_fill_before_the_launch(recorder, monkeypatch):
     """A packed varlen call on the GPU (first call, then the repeated-call path) allocates out
-    and lse uninitialised and clears them with the driver's memsets on the stream the kernel is
-    launched on, right before the launch: out to 0, float32 lse to -inf (0xFF800000), by the
-    outputs' byte counts. It used to zero-fill them with the library's own fill kernels on the
-    library's current stream (another stream than an explicit ``stream=``, unordered with the
-    launch)."""
+    and lse uninitialised and only launches, on the given or current stream: the kernels clear
+    the rows no sequence owns (test_varlen.py). A launch with no blocks (max_seqlen_q 0) clears
+    the outputs with the driver's memsets on the launch stream instead: out to 0, float32 lse to
+    -inf (0xFF800000), by the outputs' byte counts. (The library's own fill kernels once ran on
+    the library's current stream, unordered with an explicit ``stream=``.)"""
     from test_fastpath import FakeTensor
 
     from numba_flash.cuda.launch import attention as runtime, fastpath
@@ -247,12 +246,9 @@ def test_varlen_outputs_are_cleared_on_the_launch_stream_before_the_launch(recor
     key = ("test-varlen-clear", object())
 
     def check(out, lse, stream):
-        out_words, lse_words = total_q * heads * dim * 2 // 4, heads * total_q
-        launch = recorder.calls[2]
-        assert recorder.calls[:2] == [("memset32", out.data_ptr(), 0, out_words, stream),
-                                      ("memset32", lse.data_ptr(), 0xFF800000, lse_words,
-                                       stream)]
-        assert len(recorder.calls) == 3 and launch[0] == "plain" and launch[5] == stream
+        assert len(recorder.calls) == 1, recorder.calls
+        launch = recorder.calls[0]
+        assert launch[0] == "plain" and launch[5] == stream
         recorder.calls.clear()
 
     out, lse = runtime.attention_cuda(q, k, v, softmax_scale=0.125, causal=True,
@@ -264,3 +260,9 @@ def test_varlen_outputs_are_cleared_on_the_launch_stream_before_the_launch(recor
     check(out, lse, 66)
     out, lse = call.run((q, k, v), (cu_q, cu_k), (None, None), None)   # the current stream
     check(out, lse, 77)
+    out, lse = runtime.attention_cuda(q, k, v, softmax_scale=0.125, causal=True,
+                                      return_lse=True, stream=55,
+                                      varlen=Varlen(2, cu_q, cu_k, 0, 20, None, None))
+    out_words, lse_words = total_q * heads * dim * 2 // 4, heads * total_q
+    assert recorder.calls == [("memset32", out.data_ptr(), 0, out_words, 55),
+                              ("memset32", lse.data_ptr(), 0xFF800000, lse_words, 55)]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from numba import cuda
+
 import numba_flash
+from numba_flash.cuda.kernels.sequences import clear_unowned_rows
 from numba_flash_reference.attention import attention as reference
 
 
@@ -217,3 +220,30 @@ def test_gpu_varlen_unwritten_rows_on_a_side_stream(name, dtype):
         finite = np.isfinite(want_lse)
         assert (np.isneginf(lse[:, :used]) == ~finite).all()
         np.testing.assert_allclose(lse[:, :used][finite], want_lse[finite], rtol=0, atol=atol)
+
+
+def test_kernels_clear_rows_no_sequence_owns():
+    """clear_unowned_rows (what the varlen forward kernels run first, so that their outputs
+    need no fill before the launch): rows before the first sequence, past the launch's
+    maximum length and after the last sequence get 0 / -inf, in every head; rows a sequence
+    owns are not touched. Offsets GPU callers may pass unchecked: cu[0] = 2, an empty
+    sequence, a sequence longer than max_len (3), 4 rows after the last one."""
+    from numba_flash.cuda.primitives import SIMULATOR
+
+    if not SIMULATOR:
+        pytest.skip("NumPy arrays reach a kernel only in the simulator")
+    kernel = cuda.jit(_clear_kernel)
+    cu = np.array([2, 5, 5, 9], np.int32)
+    out = np.full((1, 13, 2, 3), np.nan, np.float32)
+    lse = np.full((1, 2, 13), np.nan, np.float32)
+    kernel[(2, 3 * 2), 4](out, lse, cu, 2)
+    unowned = [0, 1, 8, 9, 10, 11, 12]
+    owned = [r for r in range(13) if r not in unowned]
+    assert (out[0, unowned] == 0).all() and (lse[0][:, unowned] == -np.inf).all()
+    assert np.isnan(out[0, owned]).all() and np.isnan(lse[0][:, owned]).all()
+
+
+def _clear_kernel(out, lse, cu, heads):
+    b, h = cuda.blockIdx.y // heads, cuda.blockIdx.y % heads
+    clear_unowned_rows(out, lse, cu, b, h, cuda.blockIdx.x, cuda.gridDim.x, 2, out.shape[3], 3,
+                       cuda.threadIdx.x, cuda.blockDim.x, -np.inf, True)

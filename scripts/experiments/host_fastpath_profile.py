@@ -49,7 +49,7 @@ def main():
     api._FAST[0] = runtime.attention_fast
     opts = (None, True, (-1, -1), 0, None, None, None, False, "auto", None, None, None, None, None)
     _, (key, _) = runtime.attention_fast(q, k, v, opts, (), (None, None), None)
-    call = fastpath.FastCall(plan, "torch", q, -1, (1, 128, 16, 64), "float16", None, False, (),
+    call = fastpath.FastCall(plan, "torch", q, -1, (1, 128, 16, 64), "float16", None, (),
                              True, guards=(None, None))
     call.stream = lambda: 0
     fastpath.register_fast(runtime._FAST_CALLS, key, call)

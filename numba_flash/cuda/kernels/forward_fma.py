@@ -29,7 +29,7 @@ from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, NONE, bit_visible, chunk_classes, first_in_chunk,
                       flags_see_whole_tile, interval_visible, key_tiles, mask_mod_device,
                       past_sinks, score_mod_device, skip_empty_chunks)
-from .sequences import packed_sequence
+from .sequences import clear_unowned_rows, packed_sequence
 from .tile_ops import window_visible
 
 __all__ = ["make_fma_kernel"]
@@ -326,6 +326,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         k_off = 0
         if VARLEN:
             ab = 0
+            clear_unowned_rows(out, lse, cu_q, b, h, cuda.blockIdx.x, n_qtiles, BM, D, seqlen_q,
+                               tid, NT, NEG_INF, write_lse)
             q_off, seqlen_q = packed_sequence(cu_q, b, q.shape[1], seqlen_q)
             k_off, seqlen_k = packed_sequence(cu_k, b, k.shape[1], seqlen_k)
             if qtile * BM >= seqlen_q:

@@ -27,7 +27,7 @@ from .jitcache import jit_kernel
 from .masking import (INTERVALS, LOG2E, NONE, chunk_classes, first_in_chunk,
                       flags_see_whole_tile, key_tiles, mask_mod_device, past_sinks,
                       score_mod_device, skip_empty_chunks)
-from .sequences import packed_sequence
+from .sequences import clear_unowned_rows, packed_sequence
 
 __all__ = ["make_mma_kernel"]
 
@@ -119,6 +119,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     assert MT in (1, 2), m_tiles
     WG = bool(wgmma)
     THREADS = WG_THREADS if WG else MMA_THREADS
+    NEG_INF = np.float32(-np.inf)       # the lse of packed rows no block computes
     if WG:
         assert MT == 1 and D in (64, 128) and block_n in (64, 128), (MT, D, block_n)
     BM, BN = 16 * (THREADS // 32) * MT, block_n
@@ -159,6 +160,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         k_off = 0
         if VARLEN:
             ab = 0
+            clear_unowned_rows(out, lse, cu_q, b, h, cuda.blockIdx.x, n_qtiles, BM, D // 2,
+                               seqlen_q, cuda.threadIdx.x, THREADS, NEG_INF, write_lse)
             q_off, seqlen_q = packed_sequence(cu_q, b, q.shape[1], seqlen_q)
             k_off, seqlen_k = packed_sequence(cu_k, b, k.shape[1], seqlen_k)
             if qtile * BM >= seqlen_q:

@@ -234,13 +234,16 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
                    sinks=sinks, mask=mask, softcap=softcap, return_lse=return_lse,
                    alibi_slopes=alibi_slopes, score_mod=score_mod, precision=precision)
     p = _Problem(q, k, v, options, varlen)
-    # Rows of a packed batch that no kernel block writes (past the last sequence, sequences with
-    # no visible key) read 0 / -inf: on the GPU the driver's memsets clear the outputs on the
-    # launch stream (``clear``); the simulator's NumPy outputs are made so.
+    # Rows of a packed batch that no sequence owns read 0 / -inf: the varlen kernels clear them
+    # (kernels/sequences.py, clear_unowned_rows); a launch with no blocks (max_seqlen_q 0)
+    # leaves them to the driver's memsets on the launch stream (``clear``). The simulator's
+    # NumPy outputs start as NaN, so that its tests see every row written.
     fill = p.lead and SIMULATOR
-    out = empty_like_kind(kind, q, p.out_shape, dtype_name, zero=fill)
+    poison = np.nan if fill and not p.empty else None
+    out = empty_like_kind(kind, q, p.out_shape, dtype_name, zero=fill and p.empty, fill=poison)
     lse_name = "float64" if dtype_name == "float64" else "float32"
-    lse = empty_like_kind(kind, q, p.lse_shape, lse_name, fill=-np.inf if fill else None) \
+    lse = empty_like_kind(kind, q, p.lse_shape, lse_name,
+                          fill=(poison if not p.empty else -np.inf) if fill else None) \
         if p.return_lse else None
     if SIMULATOR:
         if not p.empty:
@@ -248,7 +251,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     elif p.lead or not p.empty:
         pointers = _pointers(kind, p, q, k, v, out, lse)
         handle = raw_stream_handle(stream, kind, q)
-        clear = _clearer(p, dtype_name) if p.lead else None
+        clear = _clearer(p, dtype_name) if p.lead and p.empty else None
         if clear is not None:       # before the launch, on its stream
             clear(pointers[3], pointers[4] if p.return_lse else 0, handle)
         if not p.empty:
@@ -257,7 +260,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
             if fast is not None and fast[0] is not None and _same(fast[1], _caller_extras(p)):
                 register_fast(_FAST_CALLS, fast[0], FastCall(
                     plan, kind, q, device, p.out_shape, dtype_name, p.lse_shape if
-                    p.return_lse else None, clear, fast[1], dtype_name in HALF_NAMES,
+                    p.return_lse else None, fast[1], dtype_name in HALF_NAMES,
                     guards=(mask, score_mod)))
     if kind == "cai" and dtype_name == "bfloat16":
         out = BFloat16Array(out)

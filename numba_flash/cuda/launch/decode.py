@@ -423,7 +423,7 @@ def _register_fast(fast, plan, kind, q, d, block_table, cache_seqlens):
                                None if d.full_lens else cache_seqlens) if x is not None)
     register_fast(_FAST_CALLS, key, FastCall(
         plan, kind, q, current_device_id(), (d.batch, d.seqlen_q, d.heads_q, d.head_dim),
-        None, (d.batch, d.heads_q, d.seqlen_q) if d.return_lse else None, None, extras, True,
+        None, (d.batch, d.heads_q, d.seqlen_q) if d.return_lse else None, extras, True,
         guards=guards, order=order, align=15))
 
 

@@ -5,8 +5,7 @@ shape, strides, dtype and device, and every keyword (arrays among them by their 
 and score_mod objects by identity, guarded against a recycled id). A hit skips validation and
 planning: the call allocates its outputs with the caller's allocator, reads the data pointers,
 checks the current device and 4-byte alignment of 16-bit data, and launches the recorded plan
-on the caller's stream (a packed varlen batch's outputs first cleared there by the driver's
-memsets: ``clear``). Only CuPy arrays and PyTorch tensors take this path (their geometry is
+on the caller's stream. Only CuPy arrays and PyTorch tensors take this path (their geometry is
 cheap to read); anything else, and any miss, goes through the full path, which records the
 plan for next time. Tables are bounded (cleared when full).
 """
@@ -112,12 +111,11 @@ class FastCall:
     """What a repeated call needs: the plan, the outputs to allocate, the device, whether
     16-bit data must be 4-byte aligned, and the objects keyed by identity (``guards``)."""
 
-    def __init__(self, plan, kind, like, device, out_shape, out_dtype, lse_shape, clear,
-                 extras, half, guards=(), order=None, align=3):
+    def __init__(self, plan, kind, like, device, out_shape, out_dtype, lse_shape, extras, half,
+                 guards=(), order=None, align=3):
         self.plan, self.device, self.half, self.guards = plan, device, half, guards
         self.align = align            # 16-bit data: the inputs' pointers must clear these bits
         self.order = order            # None: pointers in the order inputs, out, lse, extras
-        self.clear = clear or None    # clear(out_ptr, lse_ptr, stream): varlen's memsets
         self.n_extras = len(extras)
         self.pointer = _fast_pointer(like)
         self.current_device = device_reader(type(like))
@@ -137,21 +135,16 @@ class FastCall:
         if self.half and (ptrs[0] | ptrs[1] | ptrs[2]) & self.align:
             return None          # the full path raises the alignment error
         out = self.new_out()
-        out_ptr = pointer(out)
-        ptrs.append(out_ptr)
-        lse, lse_ptr = None, 0
+        ptrs.append(pointer(out))
+        lse = None
         if self.new_lse is not None:
             lse = self.new_lse()
-            lse_ptr = pointer(lse)
-            ptrs.append(lse_ptr)
+            ptrs.append(pointer(lse))
         for x in extras:
             ptrs.append(pointer(x))
         if self.order is not None:
             ptrs = [ptrs[i] for i in self.order]
-        handle = self.stream() if stream is None else stream_handle(stream)
-        if self.clear is not None:      # on the launch's stream, before it
-            self.clear(out_ptr, lse_ptr, handle)
-        self.plan.launch(ptrs, handle)
+        self.plan.launch(ptrs, self.stream() if stream is None else stream_handle(stream))
         return out if lse is None else (out, lse)
 
 
@@ -229,7 +222,7 @@ def stream_handle(stream) -> int:
 def _allocators(kind, like, out_shape, out_dtype, lse_shape):
     """(new_out, new_lse or None, current stream) callables for the caller's library (bound
     once: a call pays the allocator itself, no wrapper frames). The outputs are uninitialised
-    (a packed batch's are cleared by the call's ``clear`` memsets, on the launch stream)."""
+    (the varlen kernels write the rows no sequence owns themselves)."""
     if kind == "torch":
         import torch
 
