@@ -53,7 +53,7 @@ from .sequences import packed_sequence
 from .tile_ops import window_visible
 from .tile_classes import FULL, SKIP
 
-__all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_fma_dkdv_kernel",
+__all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_convert_kernel", "make_fma_dkdv_kernel",
            "make_fma_dq_kernel", "make_mma_dkdv_kernel", "make_mma_dq_kernel", "fma_layout",
            "mma_layout", "mma_dsplit", "mma_dq_layout", "mma_dkdv_smem_bytes", "PRE_THREADS", "REDUCE_THREADS",
            "ROW_PAD"]
@@ -381,6 +381,24 @@ def make_reduce_kernel(half: bool, is_bf16: bool):
             dst[b, s, h, w] = x0
 
     return jit_kernel(kernel, ("bwd_reduce", HALF, BF16))
+
+
+def make_convert_kernel(half: bool, is_bf16: bool):
+    """The reduce kernel's group-of-one case on flat arrays: ``dst[i]`` = ``acc[2 i], acc[2 i +
+    1]`` rounded to two 16-bit values in one word (``half``), else ``acc[i]``. Kernel ``(acc,
+    dst)``, both 1-D and contiguous (the dQ accumulator and a C-contiguous dq); a 1-D grid of
+    ``REDUCE_THREADS``: no per-element index arithmetic."""
+    HALF, BF16 = bool(half), bool(is_bf16)
+
+    def kernel(acc, dst):
+        i = cuda.grid(1)
+        if i < dst.shape[0]:
+            if HALF:
+                dst[i] = pack16(BF16, acc[2 * i], acc[2 * i + 1])
+            else:
+                dst[i] = acc[i]
+
+    return jit_kernel(kernel, ("bwd_convert", HALF, BF16))
 
 
 # ----------------------------------------------------------------------------- CUDA-core path

@@ -233,13 +233,30 @@ class _Call(NamedTuple):
         return dict(mask_mod=mask_mod, has_alibi=has_alibi, varlen=varlen)
 
     def reduce(self, acc, dst, group):
-        """dst = acc summed over groups of ``group`` heads, in dst's dtype."""
+        """dst = acc summed over groups of ``group`` heads, in dst's dtype (a group of one
+        into a C-contiguous dst: the flat conversion kernel)."""
         bf16 = _HALF.get(self.dtype_name, False)
-        kern = _cached(("reduce", self.half, bf16), lambda: bw.make_reduce_kernel(self.half, bf16))
         target = self.wrap(dst)
         n = int(np.prod(target.shape))
-        _launch(self, kern, (n + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS,
-                bw.REDUCE_THREADS, (acc, target, group))
+        blocks = (n + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS
+        if group == 1 and _c_contiguous(target):
+            kern = _cached(("convert", self.half, bf16),
+                           lambda: bw.make_convert_kernel(self.half, bf16))
+            _launch(self, kern, blocks, bw.REDUCE_THREADS,
+                    (acc.reshape(int(np.prod(acc.shape))), target.reshape(n)))
+            return
+        kern = _cached(("reduce", self.half, bf16), lambda: bw.make_reduce_kernel(self.half, bf16))
+        _launch(self, kern, blocks, bw.REDUCE_THREADS, (acc, target, group))
+
+
+def _c_contiguous(x) -> bool:
+    """Whether the device array ``x`` (Numba's or the simulator's) is C-contiguous."""
+    expect = x.dtype.itemsize
+    for n, st in zip(reversed(x.shape), reversed(x.strides)):
+        if n != 1 and st != expect:
+            return False
+        expect *= n
+    return True
 
 
 def _common_dtype(*arrays) -> str:
