@@ -16,10 +16,10 @@ shared buffers by cp.async. Per query tile, per warpgroup (``Q``, ``dO`` the til
     P^T, dS^T               registers (backward.probs_grads: mask, softcap, ALiBi)
     dV_w += P^T dO          wgmma m64n{D}, A = P^T (registers), B = dO (MN-major, shared)
     dK_w += dS^T Q          idem
-    dQ   += scale dS K      wgmma m64n64, A = dS (dS^T in shared memory, MN-major),
-                            B = K (MN-major); head_dim 128: warpgroup w the 64 columns
-                            64 w .. over all 128 keys; head_dim 64: over its own 64 keys
-                            (both add into dQ by atomics)
+    dQ   += scale dS K      wgmma m64n{D / 2}, A = dS (dS^T in shared memory, MN-major),
+                            B = K (MN-major): warpgroup w the columns D / 2 w .. over all
+                            the block's keys, added into dQ by atomics (one per element
+                            and block)
 
 head_dim 256 (``wgmma_split``): the block owns 64 keys; both warpgroups compute S^T and dP^T of
 all of them, each accumulates dK / dV for 128 of the columns and adds dQ's 128 columns of the
@@ -185,10 +185,11 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     BUF = BM * D * 2                               # bytes of one Q (dO) buffer
     RPP = NT // 8                                  # rows per copy pass (8 threads per segment)
     KV_PASSES, Q_PASSES = BN // RPP, BM // RPP
-    # dQ per warpgroup: head_dim 64, its own 64 keys x 64 columns; 128, all 128 keys x its 64
-    # columns; 256, the block's 64 keys x its 128 columns
-    DQ_STEPS = 8 if D == 128 else 4
-    DQ_N = 128 if D == 256 else 64
+    # dQ per warpgroup: all the block's keys x its D / 2 columns (head_dim 64: 32 columns that
+    # start inside a 64-column block; 128: 64; 256: 128), so each dQ element gets one atomic
+    # per block
+    DQ_STEPS = BN // 16
+    DQ_N = D // 2
     ACC_N, DQA_N = DH // 2, DQ_N // 2
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
     ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
@@ -228,14 +229,10 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         cblk = (col0 // 64) * BLK_Q                                   # its dO / Q columns
         dq_mn = sw128_desc(sbase + Q_OFF + cblk, BLK_Q, 1024)         # Q, MN-major
         ddo_mn = sw128_desc(sbase + DO_OFF + cblk, BLK_Q, 1024)
-        if D == 64:      # warpgroup wg: dQ over its own 64 keys, all 64 columns
-            ds_a = sw128_desc(sbase + DS_OFF + kw0 * 128, BLK_K, 1024)
-            k_b = sw128_desc(sbase + K_OFF + kw0 * 128, BLK_K, 1024)
-            dq_col0 = 0
-        else:            # all the block's keys, DQ_N columns from DQ_N wg
-            ds_a = sw128_desc(sbase + DS_OFF, BLK_K, 1024)
-            k_b = sw128_desc(sbase + K_OFF + (DQ_N // 64) * wg * BLK_K, BLK_K, 1024)
-            dq_col0 = DQ_N * wg
+        dq_col0 = DQ_N * wg              # the warpgroup's dQ columns, over all the keys
+        ds_a = sw128_desc(sbase + DS_OFF, BLK_K, 1024)
+        k_b = sw128_desc(sbase + K_OFF + (dq_col0 // 64) * BLK_K + (dq_col0 % 64) * 2, BLK_K,
+                         1024)
         st = cuda.local.array(32, f32)
         dpt = cuda.local.array(32, f32)
         pkp = cuda.local.array(16, u32)

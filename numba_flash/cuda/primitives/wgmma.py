@@ -251,10 +251,11 @@ if not SIMULATOR:
 
         return rs
 
-    _wait32, _wait64 = _wait_intrinsic(32), _wait_intrinsic(64)
+    _wait16, _wait32, _wait64 = _wait_intrinsic(16), _wait_intrinsic(32), _wait_intrinsic(64)
     _ss_f16_64, _ss_f16_128 = _ss_intrinsic(64, False), _ss_intrinsic(128, False)
     _ss_bf16_64, _ss_bf16_128 = _ss_intrinsic(64, True), _ss_intrinsic(128, True)
     _ss_mn_f16_64, _ss_mn_bf16_64 = _ss_intrinsic(64, False, True), _ss_intrinsic(64, True, True)
+    _ss_mn_f16_32, _ss_mn_bf16_32 = _ss_intrinsic(32, False, True), _ss_intrinsic(32, True, True)
     _ss_mn_f16_128 = _ss_intrinsic(128, False, True)
     _ss_mn_bf16_128 = _ss_intrinsic(128, True, True)
     _rs_f16_64, _rs_f16_128 = _rs_intrinsic(64, False), _rs_intrinsic(128, False)
@@ -264,7 +265,9 @@ if not SIMULATOR:
     @cuda.jit(device=True, inline=True)
     def wgmma_wait(n, acc):
         """Wait for every committed wgmma group; ``acc`` (n / 2 float32) passes through."""
-        if n == 64:
+        if n == 32:
+            _wait16(acc)
+        elif n == 64:
             _wait32(acc)
         else:
             _wait64(acc)
@@ -286,14 +289,19 @@ if not SIMULATOR:
     @cuda.jit(device=True, inline=True)
     def wgmma_ss_mn(is_bf16, n, acc, desc_a, desc_b, scale_d):
         """m64n{n}k16 with A and B in shared memory, both MN-major (A's rows, B's columns
-        contiguous: the tiles hold A^T and B as [k][64-element blocks]); n is 64 or 128."""
+        contiguous: the tiles hold A^T and B as [k][64-element blocks]); n is 32, 64 or 128
+        (n 32: B may start 32 columns into a block, the swizzle is applied to the address)."""
         if is_bf16:
-            if n == 64:
+            if n == 32:
+                _ss_mn_bf16_32(acc, desc_a, desc_b, scale_d)
+            elif n == 64:
                 _ss_mn_bf16_64(acc, desc_a, desc_b, scale_d)
             else:
                 _ss_mn_bf16_128(acc, desc_a, desc_b, scale_d)
         else:
-            if n == 64:
+            if n == 32:
+                _ss_mn_f16_32(acc, desc_a, desc_b, scale_d)
+            elif n == 64:
                 _ss_mn_f16_64(acc, desc_a, desc_b, scale_d)
             else:
                 _ss_mn_f16_128(acc, desc_a, desc_b, scale_d)
