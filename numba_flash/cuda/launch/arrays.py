@@ -16,7 +16,7 @@ from .driver import ArrayParam
 
 __all__ = ["HALF_NAMES", "FULL_NAMES", "SUPPORTED_HEAD_DIMS", "padded_head_dim", "pad_head_dim",
            "array_library", "array_kind", "dtype_name",
-           "interface", "gpu_inputs", "kernel_array", "as_words", "empty_like_kind",
+           "interface", "gpu_inputs", "kernel_array", "flat_kernel_array", "as_words", "empty_like_kind",
            "BFloat16Array", "caller_param", "fixed_param"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -165,6 +165,35 @@ def kernel_array(x, kind: str, words: bool, lead: bool = False):
         typestr = np.dtype(dtype_name(x)).str
     desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
             "data": (ptr, False), "version": 3, "stream": None}
+    return cuda.from_cuda_array_interface(desc, owner=x, sync=False)
+
+
+def flat_kernel_array(x, kind: str, words: bool):
+    """x as a 1-D kernel array of all its elements (uint32 words with ``words``), or None when x
+    is not C-contiguous. Built from the pointer: Numba's reshape refuses the stride-0 leading
+    axis that ``kernel_array(..., lead=True)`` adds."""
+    if kind == "numpy":
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        if not x.flags.c_contiguous:
+            return None
+        flat = x.reshape(-1)
+        return FakeCUDAArray(flat.view(np.uint32) if words else flat)
+    ptr, shape, strides, itemsize, _ = interface(x, kind)
+    expect = itemsize
+    for n, st in zip(reversed(shape), reversed(strides)):
+        if n != 1 and st != expect:
+            return None
+        expect *= n
+    n = int(np.prod(shape))
+    if words:
+        if ptr % 4:
+            return None
+        n, itemsize, typestr = n // 2, 4, "<u4"
+    else:
+        typestr = np.dtype(dtype_name(x)).str
+    desc = {"shape": (n,), "strides": (itemsize,), "typestr": typestr, "data": (ptr, False),
+            "version": 3, "stream": None}
     return cuda.from_cuda_array_interface(desc, owner=x, sync=False)
 
 

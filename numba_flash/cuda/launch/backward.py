@@ -27,8 +27,8 @@ from numba.cuda import types
 from ..kernels import backward as bw
 from ..kernels import backward_wgmma as bwg
 from ..primitives import SIMULATOR
-from .arrays import (array_kind, dtype_name as array_dtype, empty_like_kind, fixed_param, interface,
-                     kernel_array)
+from .arrays import (array_kind, dtype_name as array_dtype, empty_like_kind, fixed_param,
+                     flat_kernel_array, interface, kernel_array)
 from .attention import wgmma_device, window_flags
 from .driver import (LaunchPlan, ScalarParam, compile_kernel, current_device, memset32_async,
                      raise_dynamic_smem_limit)
@@ -236,27 +236,18 @@ class _Call(NamedTuple):
         """dst = acc summed over groups of ``group`` heads, in dst's dtype (a group of one
         into a C-contiguous dst: the flat conversion kernel)."""
         bf16 = _HALF.get(self.dtype_name, False)
-        target = self.wrap(dst)
-        n = int(np.prod(target.shape))
-        blocks = (n + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS
-        if group == 1 and _c_contiguous(target):
+        flat = flat_kernel_array(dst, array_kind(dst), self.half) if group == 1 else None
+        if flat is not None:
             kern = _cached(("convert", self.half, bf16),
                            lambda: bw.make_convert_kernel(self.half, bf16))
+            blocks = (flat.shape[0] + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS
             _launch(self, kern, blocks, bw.REDUCE_THREADS,
-                    (acc.reshape(int(np.prod(acc.shape))), target.reshape(n)))
+                    (acc.reshape(int(np.prod(acc.shape))), flat))
             return
+        target = self.wrap(dst)
+        blocks = (int(np.prod(target.shape)) + bw.REDUCE_THREADS - 1) // bw.REDUCE_THREADS
         kern = _cached(("reduce", self.half, bf16), lambda: bw.make_reduce_kernel(self.half, bf16))
         _launch(self, kern, blocks, bw.REDUCE_THREADS, (acc, target, group))
-
-
-def _c_contiguous(x) -> bool:
-    """Whether the device array ``x`` (Numba's or the simulator's) is C-contiguous."""
-    expect = x.dtype.itemsize
-    for n, st in zip(reversed(x.shape), reversed(x.strides)):
-        if n != 1 and st != expect:
-            return False
-        expect *= n
-    return True
 
 
 def _common_dtype(*arrays) -> str:
