@@ -1,13 +1,16 @@
 """Small cases of each backward kernel layout, for compute-sanitizer (memcheck, racecheck).
 
-    python scripts/sanitize_backward.py
+    python scripts/sanitize_backward.py [--wgmma]
 
 numba_flash.attention_backward on torch tensors (Sq 77, Sk 93, GQA 2, causal and full): the
 16-bit dK / dV kernel at head_dim 64 and 128 (on a compute-capability 9.0 GPU the wgmma
 kernel, kernels/backward_wgmma.py; elsewhere one warp per 16 keys), 80 (16-column dQ units)
 and 192 / 256 (two warps per 16 keys), atomic and deterministic dQ; float32 / float64 at 64
-and 96 (CUDA-core kernels).
+and 96 (CUDA-core kernels). ``--wgmma``: only the 16-bit head_dim 64 / 128 / 256 cases (the
+wgmma kernel on compute capability 9.0), for a sanitizer run that fits a short time limit.
 """
+import argparse
+
 import torch
 
 import numba_flash
@@ -23,8 +26,14 @@ def run(dtype, d, causal, deterministic, heads_kv=1):
 
 
 def main():
-    for dtype, dims in ((torch.float16, (64, 80, 128, 192, 256)), (torch.bfloat16, (256,)),
-                        (torch.float32, (64, 96)), (torch.float64, (64, 96))):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wgmma", action="store_true", help="16-bit head_dim 64 / 128 / 256 only")
+    wgmma_only = ap.parse_args().wgmma
+    cases = ((torch.float16, (64, 80, 128, 192, 256)), (torch.bfloat16, (256,)),
+             (torch.float32, (64, 96)), (torch.float64, (64, 96)))
+    if wgmma_only:
+        cases = ((torch.float16, (64, 128, 256)), (torch.bfloat16, (256,)))
+    for dtype, dims in cases:
         for d in dims:
             for causal, det in ((False, False), (True, False), (True, True)):
                 run(dtype, d, causal, det)
