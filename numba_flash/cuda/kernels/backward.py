@@ -748,33 +748,81 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
     call of more than 30 arguments is compiled as ``f(*args)``, which Numba cannot inline), the
     mask arguments as in ``pair_visible``; ``has_alibi``: scores less ``slope_log2`` times the
     distance."""
+    # n-tiles one call each, not a loop: NVVM's unroller left such a loop rolled in some
+    # kernels, which puts the fragments in local memory
+    assert n_tiles in (1, 2, 4, 8)
+    probs_tile(0, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+               cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right, has_sinks,
+               kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+    if n_tiles > 1:
+        probs_tile(1, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+                   cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
+                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+    if n_tiles > 2:
+        probs_tile(2, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+                   cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
+                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+        probs_tile(3, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+                   cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
+                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+    if n_tiles > 4:
+        probs_tile(4, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+                   cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
+                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+        probs_tile(5, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+                   cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
+                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+        probs_tile(6, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+                   cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
+                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+        probs_tile(7, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+                   cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
+                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+
+
+@cuda.jit(device=True, inline=True)
+def probs_tile(j, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+               cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
+               has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2):
+    """``probs_grads`` for n-tile ``j``: the packed pairs are built from values, ``st`` and
+    ``dpt`` are only read (ptxas serialises wgmma when the accumulators of a completed group
+    are written in a branch while later groups are in flight)."""
+    for e in range(0, 4, 2):
+        p0, ds0 = pair_grads(j, e, 0, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf,
+                             scale_log2, cap_in, cap_log2, has_softcap, full, where, has_left,
+                             has_right, has_sinks, kind, mk_iv, mk_bits, mod, has_alibi,
+                             slope_log2)
+        p1, ds1 = pair_grads(j, e, 1, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf,
+                             scale_log2, cap_in, cap_log2, has_softcap, full, where, has_left,
+                             has_right, has_sinks, kind, mk_iv, mk_bits, mod, has_alibi,
+                             slope_log2)
+        pkp[2 * j + e // 2] = pack16(is_bf16, p0, p1)
+        pkd[2 * j + e // 2] = pack16(is_bf16, ds0, ds1)
+
+
+@cuda.jit(device=True, inline=True)
+def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
+               cap_in, cap_log2, has_softcap, full, where, has_left, has_right, has_sinks, kind,
+               mk_iv, mk_bits, mod, has_alibi, slope_log2):
+    """(p, ds) of fragment element 4 j + e + c (0 where masked)."""
     seqlen_q, seqlen_k, wl, wr, sinks, b, h = where
-    g = lane >> 2
-    t = lane & 3
     offset = seqlen_k - seqlen_q
-    for j in range(n_tiles):
-        for e in range(0, 4, 2):
-            own = own0 + g + 4 * e
-            for c in range(2):
-                col = 8 * j + 2 * t + c
-                lrow = col if transposed else own
-                row = r0 + lrow
-                key = k0 + (own if transposed else col)
-                p, ds = grad_scores(st[4 * j + e + c], dpt[4 * j + e + c], ls[lbuf + lrow],
-                                    dls[lbuf + lrow], scale_log2, cap_in, cap_log2, has_softcap,
-                                    True, has_alibi,
-                                    slope_log2 * np.float32(abs(row + offset - key)))
-                if not full:
-                    lts, lte, uts, ute = column_bounds(kind, mk_iv, key, seqlen_k)
-                    if not pair_visible(row, key, seqlen_q, seqlen_k, offset, has_left,
-                                        has_right, has_sinks, wl, wr, sinks, kind, lts, lte,
-                                        uts, ute, b, h, mk_bits, mod):
-                        p = np.float32(0.0)
-                        ds = np.float32(0.0)
-                st[4 * j + e + c] = p
-                dpt[4 * j + e + c] = ds
-            pkp[2 * j + e // 2] = pack16(is_bf16, st[4 * j + e], st[4 * j + e + 1])
-            pkd[2 * j + e // 2] = pack16(is_bf16, dpt[4 * j + e], dpt[4 * j + e + 1])
+    own = own0 + (lane >> 2) + 4 * e
+    col = 8 * j + 2 * (lane & 3) + c
+    lrow = col if transposed else own
+    row = r0 + lrow
+    key = k0 + (own if transposed else col)
+    p, ds = grad_scores(st[4 * j + e + c], dpt[4 * j + e + c], ls[lbuf + lrow], dls[lbuf + lrow],
+                        scale_log2, cap_in, cap_log2, has_softcap, True, has_alibi,
+                        slope_log2 * np.float32(abs(row + offset - key)))
+    if not full:
+        lts, lte, uts, ute = column_bounds(kind, mk_iv, key, seqlen_k)
+        if not pair_visible(row, key, seqlen_q, seqlen_k, offset, has_left, has_right,
+                            has_sinks, wl, wr, sinks, kind, lts, lte, uts, ute, b, h, mk_bits,
+                            mod):
+            p = np.float32(0.0)
+            ds = np.float32(0.0)
+    return p, ds
 
 
 @cuda.jit(device=True, inline=True)

@@ -39,7 +39,7 @@ from .base import SIMULATOR
 
 __all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async4_to", "lds_i32x2",
            "sts32", "fence_proxy_async", "wgmma_fence",
-           "wgmma_commit", "wgmma_wait", "wgmma_ss", "wgmma_ss_mn", "wgmma_rs"]
+           "wgmma_commit", "wgmma_wait", "wgmma_wait_keep", "wgmma_ss", "wgmma_ss_mn", "wgmma_rs"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -165,10 +165,11 @@ if not SIMULATOR:
         for i in range(n):
             builder.store(builder.extract_value(res, i), ptrs[i])
 
-    def _wait_intrinsic(nacc):
-        """``wgmma.wait_group 0`` with the ``nacc`` accumulators of a float32 array passed
-        through it, so that no use of them is scheduled before the wait."""
-        text = "wgmma.wait_group.sync.aligned 0;"
+    def _wait_intrinsic(nacc, pending=0):
+        """``wgmma.wait_group pending`` (every group but the ``pending`` latest complete) with
+        the ``nacc`` accumulators of a float32 array passed through it, so that no use of them
+        is scheduled before the wait."""
+        text = "wgmma.wait_group.sync.aligned %d;" % pending
 
         @intrinsic
         def wait(typingctx, acc):
@@ -252,6 +253,7 @@ if not SIMULATOR:
         return rs
 
     _wait16, _wait32, _wait64 = _wait_intrinsic(16), _wait_intrinsic(32), _wait_intrinsic(64)
+    _wait32_1, _wait32_2 = _wait_intrinsic(32, 1), _wait_intrinsic(32, 2)
     _ss_f16_64, _ss_f16_128 = _ss_intrinsic(64, False), _ss_intrinsic(128, False)
     _ss_bf16_64, _ss_bf16_128 = _ss_intrinsic(64, True), _ss_intrinsic(128, True)
     _ss_mn_f16_64, _ss_mn_bf16_64 = _ss_intrinsic(64, False, True), _ss_intrinsic(64, True, True)
@@ -271,6 +273,16 @@ if not SIMULATOR:
             _wait32(acc)
         else:
             _wait64(acc)
+
+    @cuda.jit(device=True, inline=True)
+    def wgmma_wait_keep(keep, acc):
+        """Wait until at most ``keep`` (1 or 2) of the latest committed groups are pending;
+        ``acc`` (32 float32: an n64 accumulator of one of the completed groups) passes
+        through."""
+        if keep == 1:
+            _wait32_1(acc)
+        else:
+            _wait32_2(acc)
 
     @cuda.jit(device=True, inline=True)
     def wgmma_ss(is_bf16, n, acc, desc_a, desc_b, scale_d):
@@ -326,4 +338,4 @@ else:
 
     shared_addr = sw128_desc = cp_async16_to = cp_async4_to = lds_i32x2 = sts32 = _unavailable
     fence_proxy_async = _unavailable
-    wgmma_fence = wgmma_commit = wgmma_wait = wgmma_ss = wgmma_ss_mn = wgmma_rs = _unavailable
+    wgmma_fence = wgmma_commit = wgmma_wait = wgmma_wait_keep = wgmma_ss = wgmma_ss_mn = wgmma_rs = _unavailable
