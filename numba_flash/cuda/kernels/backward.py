@@ -749,8 +749,8 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
     mask arguments as in ``pair_visible``; ``has_alibi``: scores less ``slope_log2`` times the
     distance."""
     # n-tiles one call each, not a loop: NVVM's unroller left such a loop rolled in some
-    # kernels, which puts the fragments in local memory
-    assert n_tiles in (1, 2, 4, 8)
+    # kernels, which puts the fragments in local memory. n_tiles is 1, 2, 4 or 8 (no assert:
+    # in device code it compiles to a runtime test and an exception path)
     probs_tile(0, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right, has_sinks,
                kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
