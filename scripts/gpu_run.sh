@@ -37,16 +37,18 @@ case "${1:-}" in
     timeout 120 python scripts/bench_decode.py --quick --out "$OUT/decode.json" \
       --plot "$OUT/decode.png" | tail -8 ;;
   backward)
-    timeout 240 python -m pytest -q -n 16 -p no:cacheprovider tests/test_cuda_backward.py \
+    timeout 300 python -m pytest -q -n 16 -p no:cacheprovider tests/test_cuda_backward.py \
       tests/test_torch_autograd.py tests/test_backward_api.py 2>&1 \
       | tee "$OUT/gpu_tests_backward.log" | tail -4
     timeout 150 python scripts/bench_backward.py --dims 64,128,256 --no-flex --no-deterministic \
       --json "$OUT/backward_fp16.json" | tail -8
     timeout 90 python scripts/bench_backward.py --dims 128 --dtype bfloat16 --no-flex \
       --no-deterministic --json "$OUT/backward_bf16.json" | tail -4
-    timeout 100 compute-sanitizer --tool memcheck --report-api-errors no \
-      python scripts/sanitize_backward.py > "$OUT/sanitize_memcheck_backward.log" 2>&1
-    echo "memcheck exit $?"; tail -3 "$OUT/sanitize_memcheck_backward.log" ;;
+    for tool in memcheck racecheck; do   # the wgmma cases: the whole script needs > 130 s cold
+      timeout -k 5 70 compute-sanitizer --tool $tool --report-api-errors no \
+        python scripts/sanitize_backward.py --wgmma > "$OUT/sanitize_${tool}_backward.log" 2>&1
+      echo "$tool exit $?"; tail -1 "$OUT/sanitize_${tool}_backward.log"
+    done ;;
   first)
     # A user's installed packages carry their bytecode (.pyc); this image's Python may not write
     # it (PYTHONDONTWRITEBYTECODE), and the numpy wheel is installed without it: compile it once
