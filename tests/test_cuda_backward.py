@@ -403,9 +403,10 @@ def test_wgmma_dkdv_compiles_offline():
     """The sm_90 dK / dV kernel (kernels/backward_wgmma.py; the simulator cannot run wgmma)
     assembles with every product on warpgroup instructions and no local memory: per query tile
     S^T and dP^T (head_dim / 16 k-steps each), dV and dK (4 each), dQ (one per 16 of the
-    block's keys: 8 at head_dim 64 / 128, 4 at 256; none in deterministic mode), and none of
-    them serialised by ptxas (head_dim 64 full: the pipelined loop). Skipped where NVVM /
-    ptxas are missing (CI)."""
+    block's keys: 8 at head_dim 64 / 128, 4 at 256), and none of them serialised by ptxas
+    (head_dim 64: the pipelined loop). Three configurations, one per loop (~30 s of compiling
+    each: CI runs this where the NVIDIA wheels bring NVVM and ptxas; skipped where they are
+    missing); scripts/sass_snapshot_backward.py has the wider set."""
     from offline_sass import run_offline
 
     lines = run_offline(
@@ -414,14 +415,11 @@ def test_wgmma_dkdv_compiles_offline():
         "import sass_snapshot_backward as sb\n"
         "from numba_flash.cuda.kernels import backward_wgmma as bwg\n"
         "for d, bf16, causal, atomic, kind in ((128, False, False, True, 0),\n"
-        "                                      (64, True, True, True, 0),\n"
         "                                      (64, False, False, True, 0),\n"
-        "                                      (128, True, True, False, 1),\n"
         "                                      (256, True, True, True, 0)):\n"
         "    kern = bwg.make_wgmma_dkdv_kernel(d, bf16, False, causal, False, False, atomic, kind)\n"
         "    sig = sb._signature(kern.py_func, True, True, False)\n"
         "    r = kr.report(kern.py_func, sig, cc=(9, 0, 'a'))\n"
         "    print(r['sass'].count('HGMMA'), r['n_ldl'], r['spill_stores'],\n"
         "          'serialized' in r['ptxas_info'])\n")
-    assert lines == ["32 0 0 False", "24 0 0 False", "24 0 0 False", "24 0 0 False",
-                     "44 0 0 False"], lines
+    assert lines == ["32 0 0 False", "24 0 0 False", "44 0 0 False"], lines
