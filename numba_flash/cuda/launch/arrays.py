@@ -160,12 +160,7 @@ def kernel_array(x, kind: str, words: bool, lead: bool = False):
         shape, strides = (1,) + tuple(shape), (0,) + tuple(strides)
     if words:
         shape, strides = as_words(ptr, shape, strides)
-        typestr = "<u4"
-    else:
-        typestr = np.dtype(dtype_name(x)).str
-    desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
-            "data": (ptr, False), "version": 3, "stream": None}
-    return cuda.from_cuda_array_interface(desc, owner=x, sync=False)
+    return _device_view(x, ptr, shape, strides, words)
 
 
 def flat_kernel_array(x, kind: str, words: bool):
@@ -189,11 +184,16 @@ def flat_kernel_array(x, kind: str, words: bool):
     if words:
         if ptr % 4:
             return None
-        n, itemsize, typestr = n // 2, 4, "<u4"
-    else:
-        typestr = np.dtype(dtype_name(x)).str
-    desc = {"shape": (n,), "strides": (itemsize,), "typestr": typestr, "data": (ptr, False),
-            "version": 3, "stream": None}
+        n, itemsize = n // 2, 4
+    return _device_view(x, ptr, (n,), (itemsize,), words)
+
+
+def _device_view(x, ptr, shape, strides, words):
+    """A Numba device array over x's memory at ``ptr`` with this shape and byte strides, of
+    x's dtype or uint32 words; no copy, no synchronisation."""
+    typestr = "<u4" if words else np.dtype(dtype_name(x)).str
+    desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
+            "data": (ptr, False), "version": 3, "stream": None}
     return cuda.from_cuda_array_interface(desc, owner=x, sync=False)
 
 
