@@ -68,10 +68,9 @@ def wgmma_block_n(head_dim: int) -> int:
 
 
 def pipelined(head_dim: int) -> bool:
-    """Whether the kernel's shared memory has the pipelined layout, three Q / dO buffers and
-    two dS^T tiles (head_dim 64, where the registers allow a second set of packed P^T / dS^T):
-    unmasked configurations overlap each query tile's dV / dK / dQ products with the next
-    tile's probabilities."""
+    """Whether the kernel overlaps each query tile's dV / dK / dQ products with the next
+    tile's probabilities (head_dim 64, where the registers allow a second set of packed P^T /
+    dS^T): three Q / dO buffers and two dS^T tiles."""
     return head_dim == 64
 
 
@@ -228,11 +227,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
     ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
     assert not (DIRECT and VARLEN)
-    # The pipeline only where no tile is skipped or masked: with the causal flag (tile skips,
-    # masked tiles) ptxas serialises the warpgroup products (C7518, a dependency point it
-    # inserts in a divergent path), which costs more than the overlap gains.
-    PIPE = pipelined(D) and not (has_left or has_right or has_sinks or has_softcap or ALIBI
-                                 or VARLEN or KIND != NONE)
+    PIPE = pipelined(D)
     NBUF, ROWS = (3 if PIPE else 2), _stat_rows(D)
     DS_BYTES = BN * BM * 2                         # bytes of one dS^T tile
     KEEP = 2 if ATOMIC else 1                      # groups after the next tile's scores
