@@ -20,6 +20,7 @@ regs, spill_stores, spill_loads, ldl_stl_in_loops, n_hmma, smem and the SASS tex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import re
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types as types_ns
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"   # compile for real even without a driver
 
@@ -75,10 +77,24 @@ def loop_spills(sass: str):
             sum(bool(re.search(r"\bSTL\b", t)) for t in inside))
 
 
+@contextlib.contextmanager
+def _offline_device(cc):
+    """Numba compiles each device function a kernel calls for the current device's compute
+    capability, which needs a driver; offline, that device is one of capability ``cc``."""
+    import numba.cuda.dispatcher as dispatcher
+    real = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: types_ns.SimpleNamespace(compute_capability=cc)
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = real
+
+
 def report(py_func, signature, cc=(9, 0)) -> dict:
     """Compile ``py_func`` (a kernel's Python function, e.g. ``dispatcher.py_func``) for
     ``signature`` and compute capability ``cc`` offline; resources and SASS as a dict."""
-    ptx, _ = cuda.compile_ptx(py_func, signature, cc=cc)
+    with _offline_device(cc):
+        ptx, _ = cuda.compile_ptx(py_func, signature, cc=cc)
     arch = f"sm_{cc[0]}{cc[1]}{cc[2] if len(cc) > 2 else ''}"
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

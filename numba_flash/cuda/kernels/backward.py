@@ -32,7 +32,7 @@ table built for the kernel's tiles, per-element tests from the bitmask words or 
 compiled function). ALiBi (``has_alibi``): scores less slope * |q_pos - k_pos| when P is
 recomputed; the gradient formulas are unchanged (the bias is constant in q.k).
 
-Every kernel body is a short sequence of the ``@cuda.jit(device=True, inline=True)`` tile
+Every kernel body is a short sequence of the ``@inlined`` tile
 helpers below; compile-time choices enter as closure constants.
 """
 from __future__ import annotations
@@ -52,6 +52,7 @@ from .masking import (BITMASK, INTERVALS, MASK_MOD, NONE, bit_visible, key_tiles
 from .sequences import packed_sequence
 from .tile_ops import window_visible
 from .tile_classes import FULL, SKIP
+from ..primitives.base import inlined
 
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_convert_kernel", "make_fma_dkdv_kernel",
            "make_fma_dq_kernel", "make_mma_dkdv_kernel", "make_mma_dq_kernel", "fma_layout",
@@ -64,7 +65,7 @@ ROW_PAD = 64           # delta / lse2 rows are padded to a multiple of this
 REDUCE_THREADS = 256
 
 # ----------------------------------------------------------------------------- tile helpers
-@cuda.jit(device=True, inline=True)
+@inlined
 def query_rows(k0, k1, seqlen_q, offset, has_left, has_right, has_sinks, wl, wr, sinks):
     """Query rows [lo, hi) that can see a key of [k0, k1) through the flags (bottom-right
     aligned: row r sits at key position r + offset). Sink keys are seen by every later row."""
@@ -80,7 +81,7 @@ def query_rows(k0, k1, seqlen_q, offset, has_left, has_right, has_sinks, wl, wr,
     return lo, hi
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def tile_full(r0, r1, k0, k1, seqlen_q, seqlen_k, offset, has_left, has_right, has_sinks, wl,
               wr, sinks):
     """Is every pair of rows [r0, r1) x keys [k0, k1) in range and visible through the flags?"""
@@ -96,7 +97,7 @@ def tile_full(r0, r1, k0, k1, seqlen_q, seqlen_k, offset, has_left, has_right, h
     return win and r1 <= seqlen_q and k1 <= seqlen_k
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def pair_visible(row, kpos, seqlen_q, seqlen_k, offset, has_left, has_right, has_sinks, wl, wr,
                  sinks, kind, lts, lte, uts, ute, b, h, bits, mod):
     """Is (query row, key) visible: in range, through the flags and the mask object of
@@ -115,7 +116,7 @@ def pair_visible(row, kpos, seqlen_q, seqlen_k, offset, has_left, has_right, has
     return vis
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def column_bounds(kind, iv, kpos, seqlen_k):
     """The 4 interval bounds (lts, lte, uts, ute) of key column ``kpos`` (clamped into range;
     zeros, i.e. nothing masked, without intervals)."""
@@ -125,7 +126,7 @@ def column_bounds(kind, iv, kpos, seqlen_k):
     return 0, 0, 0, 0
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def tile_kind(kind, mm, tab, tb, qtile, ktile, r0, bm, k0, bn, seqlen_q, seqlen_k, has_left,
               has_right, has_sinks, wl, wr, sinks):
     """(skip, full) of rows [r0, r0 + bm) x keys [k0, k0 + bn) (query tile ``qtile``, key tile
@@ -140,7 +141,7 @@ def tile_kind(kind, mm, tab, tb, qtile, ktile, r0, bm, k0, bn, seqlen_q, seqlen_
     return cls == SKIP, full and cls == FULL
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def block_sequence(varlen, cu_q, cu_k, b, total_q, total_k, seqlen_q, seqlen_k):
     """``(ab, q_off, k_off, seqlen_q, seqlen_k)`` of batch entry ``b``: the batch index of q, k,
     v and the outputs, the row offsets of its sequence and its lengths. A packed batch
@@ -154,7 +155,7 @@ def block_sequence(varlen, cu_q, cu_k, b, total_q, total_k, seqlen_q, seqlen_k):
     return b, 0, 0, seqlen_q, seqlen_k
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
     """``(ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k)`` of a column-parallel block
     (grid: key tiles x B * Hq): its key tile, batch entry, query head and that head's kv head,
@@ -166,7 +167,7 @@ def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
     return cuda.blockIdx.x, b, h, h // heads_ratio, ab, q_off, k_off, seqlen_q, seqlen_k
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def block_table_and_slope(has_alibi, alibi, mk_tab, b, h, dtype):
     """``(tb, slope)`` of the block (b, h): its slab of the mask's class table (0 for a table
     shared by every batch entry and head) and its ALiBi slope as ``dtype`` (0 without
@@ -178,7 +179,7 @@ def block_table_and_slope(has_alibi, alibi, mk_tab, b, h, dtype):
     return tb, slope
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_tile(dst, src, b, r0, h, limit, tid, nthreads):
     """Cooperative copy of rows r0.. of ``src[b, :, h, :]`` into the shared tile ``dst`` (rows,
     at least W columns: a padded tile keeps its pad); rows at or past ``limit`` become zeros."""
@@ -193,15 +194,18 @@ def load_tile(dst, src, b, r0, h, limit, tid, nthreads):
             dst[r, c] = 0
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_rowvec(dst, src, b, h, r0, limit, tid, nthreads):
     """Cooperative copy of ``src[b, h, r0:r0 + len(dst)]`` into shared ``dst`` (zeros past
     ``limit``)."""
     for i in range(tid, dst.shape[0], nthreads):
-        dst[i] = src[b, h, r0 + i] if r0 + i < limit else 0
+        if r0 + i < limit:
+            dst[i] = src[b, h, r0 + i]
+        else:           # (not a conditional expression: int 0 and float32 unify to float64)
+            dst[i] = 0
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, ab, q_off, b, h, r0, seqlen_q, tid,
                     nthreads):
     """Rows r0.. of Q and dO (rows ``q_off + r`` of batch entry ``ab``), with their lse and
@@ -212,7 +216,7 @@ def load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, ab, q_off, b, h, r0, 
     load_rowvec(dls, delta, b, h, r0, seqlen_q, tid, nthreads)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_share(dst, src, b, row, h, c0, n, ok):
     """This lane's share ``dst[:n] = src[b, row, h, c0:c0 + n]`` (zeros unless ``ok``)."""
     for e in range(n):
@@ -222,13 +226,13 @@ def load_share(dst, src, b, row, h, c0, n, ok):
             dst[e] = 0
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def zero(acc, n):
     for e in range(n):
         acc[e] = 0
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def dot_share(regs, tile, r, c0, n, lanes):
     """Dot product of a row split over ``lanes`` consecutive lanes (this lane: ``regs[:n]``
     against ``tile[r, c0:c0 + n]``); the xor butterfly leaves the same sum in every lane."""
@@ -242,14 +246,14 @@ def dot_share(regs, tile, r, c0, n, lanes):
     return acc
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def axpy(acc, a, tile, r, c0, n):
     """``acc[:n] += a * tile[r, c0:c0 + n]``."""
     for e in range(n):
         acc[e] += a * tile[r, c0 + e]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def grad_scores(qk, dp, lse_r, delta_r, scale, cap_in, cap_out, has_softcap, base2, has_alibi,
                 bias):
     """(p, ds) of one pair from its q.k and dO.v: ``s = scale q.k`` (softcap:
@@ -278,7 +282,7 @@ def grad_scores(qk, dp, lse_r, delta_r, scale, cap_in, cap_out, has_softcap, bas
     return p, ds
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_share(dst, b, row, h, c0, acc, factor, n, ok):
     """``dst[b, row, h, c0:c0 + n] = factor * acc[:n]`` if ``ok``."""
     if ok:
@@ -286,7 +290,7 @@ def store_share(dst, b, row, h, c0, acc, factor, n, ok):
             dst[b, row, h, c0 + e] = acc[e] * factor
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def dq_atomic(dss, k, b, hk, k0, seqlen_k, dq_acc, r0, h, seqlen_q, scale, tid, nthreads):
     """``dq_acc[b, r0 + r, h, :] += scale * sum_j dss[r, j] k[b, k0 + j, hk, :]`` for the tile's
     rows, one atomic per element (K rows are read from global memory: L1-resident)."""
@@ -671,7 +675,7 @@ def mma_dkdv_smem_bytes(head_dim: int, warps: int, block_m: int, block_n: int = 
     return 4 * (2 * bn * dwp + 4 * block_m * dwp + bn * _padded(block_m // 2) + 4 * block_m)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def mma_pair(acc, o, is_bf16, a0, a1, a2, a3, b0, b1, b2, b3):
     """Two 16 x 8 n-tiles ``acc[o:o + 4]`` (B fragment b0, b1) and ``acc[o + 4:o + 8]``
     (b2, b3) += A B for one warp."""
@@ -681,7 +685,7 @@ def mma_pair(acc, o, is_bf16, a0, a1, a2, a3, b0, b1, b2, b3):
         is_bf16, a0, a1, a2, a3, b2, b3, acc[o + 4], acc[o + 5], acc[o + 6], acc[o + 7])
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def mma_abt(acc, is_bf16, a_tile, a_row, b_tile, b_row, n_pairs, ksteps, lane):
     """``acc`` = A B^T for one warp: A = 16 rows of ``a_tile`` from ``a_row``, B = rows
     b_row .. b_row + 16 n_pairs of ``b_tile`` (both [row][k] word tiles, k = 16 ksteps); n-tile
@@ -704,7 +708,7 @@ def mma_abt(acc, is_bf16, a_tile, a_row, b_tile, b_row, n_pairs, ksteps, lane):
             mma_pair(acc, 8 * jj, is_bf16, a0, a1, a2, a3, b0, b1, b2, b3)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def mma_pb(acc, is_bf16, pk, b_tile, b_row, ksteps, n_pairs, col0, lane):
     """``acc`` += A B for one warp: A from packed fragments ``pk`` (16 rows x 16 ksteps),
     B = rows b_row .. b_row + 16 ksteps, word columns col0 .. col0 + 8 n_pairs of the [k][n]
@@ -719,7 +723,7 @@ def mma_pb(acc, is_bf16, pk, b_tile, b_row, ksteps, n_pairs, col0, lane):
                      pk[4 * kb + 3], b0, b1, b2, b3)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def transposed_fragments(pk, ts, row_word, ksteps, lane):
     """A fragments of M (16 rows x 16 ksteps keys) from the shared word tile ``ts`` holding
     M^T ([key][row pair]; M's rows from word ``row_word``), by ldmatrix.trans."""
@@ -735,7 +739,7 @@ def transposed_fragments(pk, ts, row_word, ksteps, lane):
         pk[4 * kb + 3] = a3
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, dls, lbuf,
                 scale_log2, cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left,
                 has_right, has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2):
@@ -780,7 +784,7 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
                    has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def probs_tile(j, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
                has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2):
@@ -800,7 +804,7 @@ def probs_tile(j, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lb
         pkd[2 * j + e // 2] = pack16(is_bf16, ds0, ds1)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, full, where, has_left, has_right, has_sinks, kind,
                mk_iv, mk_bits, mod, has_alibi, slope_log2):
@@ -825,7 +829,7 @@ def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, 
     return p, ds
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_fragments(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, atomic):
     """Rows r0 + g (+ 8) and columns col0 + 8 j + 2 t (+ 1) of a warp's accumulator (n-tiles
     0 .. n_tiles) times ``factor`` into ``dst[b, row, h, col]`` (rows below ``limit``), stored,
@@ -847,7 +851,7 @@ def store_fragments(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, atom
                     dst[b, row, h, col + 1] = x1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_rows16(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, is_bf16):
     """``store_fragments``' rows and columns times ``factor``, rounded to 16 bits: one word of
     two values per pair of columns into ``dst[b, row, h, word]`` (uint32 (B, S, H, D / 2)):
@@ -862,7 +866,7 @@ def store_rows16(dst, b, r0, h, acc, factor, limit, col0, n_tiles, lane, is_bf16
                     is_bf16, acc[4 * j + e] * factor, acc[4 * j + e + 1] * factor)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_dkdv(dk_acc, dv_acc, ab, key0, h, dk, dv, scale, k_off, seqlen_k, col0, n_tiles, lane,
                is_bf16, direct):
     """A warp's dK (times ``scale``) and dV accumulators, keys key0 + g (+ 8) of the sequence
@@ -879,7 +883,7 @@ def store_dkdv(dk_acc, dv_acc, ab, key0, h, dk, dv, scale, k_off, seqlen_k, col0
                         col0, n_tiles, lane, False)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_packed(ts, own0, col0, pk, n_tiles, lane):
     """Packed fragments (16 rows from ``own0`` x 8 n_tiles columns) into the shared word tile
     ``ts`` [row][column pair] from word ``col0``: the transpose that the dQ product reads
@@ -891,7 +895,7 @@ def store_packed(ts, own0, col0, pk, n_tiles, lane):
         ts[own0 + g + 8, col0 + 4 * j + t] = pk[2 * j + 1]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def prefetch_rows(dst, drow, src, b, r0, h, limit, rows, chunks, tid, nthreads):
     """Asynchronous copy of rows r0 .. r0 + rows of ``src[b, :, h, :]`` (uint32 words,
     ``chunks`` = words / 4 per row: a compile-time constant, so the division below is a
@@ -912,7 +916,7 @@ def prefetch_rows(dst, drow, src, b, r0, h, limit, rows, chunks, tid, nthreads):
             copy_row_piece(dst, drow, r, 4 * (i - r * chunks), src, b, r0, h, limit)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy_row_piece(dst, drow, r, c, src, b, r0, h, limit):
     """cp.async of the 16 bytes at word ``c`` of row r0 + r of ``src[b, :, h, :]`` into row
     drow + r of ``dst``; zeros for rows at or past ``limit`` (the source clamped into the
@@ -921,7 +925,7 @@ def copy_row_piece(dst, drow, r, c, src, b, r0, h, limit):
     cp_async16(dst, drow + r, c, src, b, min(row, limit - 1), h, c, 16 if row < limit else 0)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def prefetch_stats(ls, dls, buf, lse2, delta, b, h, r0, tid):
     """Asynchronous copy of the base-2 lse and delta of rows r0 .. r0 + ls.shape[1] into row
     ``buf`` of the shared (2, rows) tiles (the arrays are padded to whole 16-byte groups)."""
@@ -933,7 +937,7 @@ def prefetch_stats(ls, dls, buf, lse2, delta, b, h, r0, tid):
         cp_async16_at(dls, buf, 4 * (tid - n), delta, base + 4 * (tid - n), 16)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def next_query_tile(t, end, kind, mm, tab, tb, ktile, bm, k0, bn, seqlen_q, seqlen_k, has_left,
                     has_right, has_sinks, wl, wr, sinks):
     """The first query tile of [t, end) that the mask does not skip for key tile ``ktile``
@@ -947,7 +951,7 @@ def next_query_tile(t, end, kind, mm, tab, tb, ktile, bm, k0, bn, seqlen_q, seql
     return t
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def dq_from_shared(dq_acc, dqa, pka, is_bf16, dst, ks, b, h, r0, seqlen_q, scale, warp, warps,
                    m_tiles, chunks, chunk_cols, block_n, lane):
     """``dq_acc[b, r0:r0 + 16 m_tiles, h, :] += scale dS K`` by atomics, from dS^T (keys x

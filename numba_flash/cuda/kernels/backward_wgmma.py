@@ -45,6 +45,7 @@ from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
 from .forward_mma_tiles import copy_rows
 from .jitcache import jit_kernel
 from .masking import NONE, mask_mod_device
+from ..primitives.base import inlined
 
 __all__ = ["WG_BWD_HEAD_DIMS", "WG_BWD_THREADS", "WG_BWD_BLOCK_M", "wgmma_block_n",
            "wgmma_dkdv_smem_bytes", "make_wgmma_dkdv_kernel"]
@@ -98,20 +99,20 @@ def wgmma_dkdv_smem_bytes(head_dim: int) -> int:
     return 2 * _stat_rows(head_dim) * WG_BWD_BLOCK_M * 4 + 1024 + _tile_bytes(head_dim)[-1]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def ksteps_desc(desc, kk, blk):
     """Descriptor of k-step ``kk`` (16 columns) of a K-major tile: column block kk // 4
     (``blk`` bytes each), 32 bytes per step inside it (descriptor addresses count 16 bytes)."""
     return desc + np.uint64((kk // 4) * (blk >> 4) + (kk % 4) * 2)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def rows_desc(desc, kb):
     """Descriptor of k-step ``kb`` of an MN-major tile: 16 rows of 128 bytes further."""
     return desc + np.uint64(kb * 128)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def prefetch_query_tile(ls, dls, buf, q_addr, do_addr, q, dout, lse2, delta, ab, q_off, b, h, r0,
                         seqlen_q, cp_row, cp_part, tid, passes, nseg, blk):
     """Start the copies of query tile rows r0 .. (sequence-relative; zeros past seqlen_q) of Q
@@ -124,7 +125,7 @@ def prefetch_query_tile(ls, dls, buf, q_addr, do_addr, q, dout, lse2, delta, ab,
     prefetch_stats(ls, dls, buf, lse2, delta, b, h, r0, tid)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def issue_scores(st, dpt, dk_a, dv_a, dq_b, ddo_b, k_steps, blk_k, blk_q, bf16):
     """Start S^T = K_w Q^T into ``st`` and dP^T = V_w dO^T into ``dpt`` (float32, 32 each: the
     accumulator layout of the warp's 16 keys x 64 rows), committed as one group."""
@@ -138,7 +139,7 @@ def issue_scores(st, dpt, dk_a, dv_a, dq_b, ddo_b, k_steps, blk_k, blk_q, bf16):
     wgmma_commit()
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def scores_t(st, dpt, dk_a, dv_a, dq_b, ddo_b, k_steps, blk_k, blk_q, bf16):
     """``issue_scores`` and wait for both."""
     issue_scores(st, dpt, dk_a, dv_a, dq_b, ddo_b, k_steps, blk_k, blk_q, bf16)
@@ -146,7 +147,7 @@ def scores_t(st, dpt, dk_a, dv_a, dq_b, ddo_b, k_steps, blk_k, blk_q, bf16):
     wgmma_wait(64, dpt)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def accumulate_kv(dv, dk, pkp, pkd, ddo_mn, dq_mn, d, bf16):
     """dV_w += P^T dO and dK_w += dS^T Q (A: the packed ``pkp`` / ``pkd``, 16 uint32 each, four
     per 16-row k-step; B: the MN-major dO / Q tiles); committed, not waited for."""
@@ -160,7 +161,7 @@ def accumulate_kv(dv, dk, pkp, pkd, ddo_mn, dq_mn, d, bf16):
     wgmma_commit()
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_ds_t(ds_row, pkd, lane):
     """The warp's packed dS^T (16 keys x 64 rows) into the swizzled shared tile; ``ds_row``:
     the shared address of the warp's first key row. Key row r holds rows 8 j .. 8 j + 7 in
@@ -174,7 +175,7 @@ def store_ds_t(ds_row, pkd, lane):
         sts32(addr + 8 * 128, pkd[2 * j + 1])
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def issue_dq(dqa, ds_a, k_b, steps, n, bf16):
     """Start ``dqa`` (float32 n / 2: the warp's 16 rows x n columns) = dS K over ``steps``
     16-key k-steps (A = dS from the MN-major dS^T tile, B = K's MN-major column blocks),
@@ -185,14 +186,14 @@ def issue_dq(dqa, ds_a, k_b, steps, n, bf16):
     wgmma_commit()
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def dq_product(dqa, ds_a, k_b, steps, n, bf16):
     """``issue_dq`` and wait for it."""
     issue_dq(dqa, ds_a, k_b, steps, n, bf16)
     wgmma_wait(n, dqa)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy16(dst, src):
     """dst[:16] = src[:16] (registers)."""
     for i in range(16):

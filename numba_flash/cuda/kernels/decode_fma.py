@@ -27,7 +27,7 @@ Masks: ``window_left`` / ``window_right`` (causal is right = 0) / ``sinks``, and
 itself; the tree occupies the last ``tree_len`` keys of each sequence, keys before it are
 visible causally). Scores are base 2 (log2 e folded into the scale) and use ``ex2.approx``.
 
-The kernel's steps are ``inline=True`` device functions (``load_query_rows``, ``load_keys``,
+The kernel's steps are ``@inlined`` device functions (``load_query_rows``, ``load_keys``,
 ``key_scores``, ``mask_scores``, ``softmax_rows``, ``accumulate_pv``, ``post_state``,
 ``merge_pair``), cut so that the machine code stays byte-identical to the single-body kernel
 (scripts/sass_snapshot_decode.py --compare).
@@ -43,6 +43,7 @@ from numba.cuda import types
 from ..primitives import exp2, ld_v4, pack16, shfl_xor, unpack16
 from .decode_split import cache_slot, split_keys, window_visible_decode
 from .jitcache import jit_kernel
+from ..primitives.base import inlined
 
 __all__ = ["make_decode_kernel", "decode_kernel", "decode_geometry", "tree_visible", "DECODE_WARPS",
            "MAX_ROWS"]
@@ -80,7 +81,7 @@ def decode_geometry(head_dim: int, rows: int):
 
 
 # ----------------------------------------------------------------------------- kernel steps
-@cuda.jit(device=True, inline=True)
+@inlined
 def tree_visible(vis, kpos, qp, tree_start, word_lo, word_hi):
     """``vis`` and the draft-tree mask of the query at position ``qp`` for the key at ``kpos``:
     a key at or past ``tree_start`` is tree node ``kpos - tree_start``, visible iff its bit is
@@ -95,7 +96,7 @@ def tree_visible(vis, kpos, qp, tree_start, word_lo, word_hi):
     return vis
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_query_rows(qf, acc, mrow, lrow, qpos, rmask0, rmask1, q, tree_bits, b, hk, chunk,
                     heads_ratio, seqlen_q, m_rows, offset, sub, scale_log2, has_tree,
                     has_softcap, bf16, rows, ch, lpk, epl):
@@ -133,7 +134,7 @@ def load_query_rows(qf, acc, mrow, lrow, qpos, rmask0, rmask1, q, tree_bits, b, 
         lrow[i] = np.float32(0.0)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_keys(kw, vw, k, v, block_table, b, hk, base, kg, sub, ns, lo, v_end, paged, page_size,
               page_shift, unroll, groups, ch, lpk):
     """Issue every K and V load of one iteration: ``unroll`` keys of this lane's key group
@@ -164,7 +165,7 @@ def load_keys(kw, vw, k, v, block_table, b, hk, base, kg, sub, ns, lo, v_end, pa
             vw[o + 3] = c3
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def key_scores(sc, kw, qf, bf16, unroll, rows, ch, epl, log_lpk):
     """Scores of the iteration's keys against the rows: partial fp32 dot products over this
     lane's elements (``sc[i * unroll + u]``), summed over the key's ``2^log_lpk`` lanes by
@@ -186,7 +187,7 @@ def key_scores(sc, kw, qf, bf16, unroll, rows, ch, epl, log_lpk):
             sc[i * unroll + u] = x
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def mask_scores(sc, qpos, rmask0, rmask1, base, kg, ns, lo, v_end, tree_start, scale_log2,
                 cap_in, cap_out, window_left, window_right, sinks, has_left, has_right,
                 has_sinks, has_softcap, has_tree, unroll, rows, groups):
@@ -213,7 +214,7 @@ def mask_scores(sc, qpos, rmask0, rmask1, base, kg, ns, lo, v_end, tree_start, s
             sc[i * unroll + u] = x
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def softmax_rows(sc, mrow, lrow, acc, unroll, rows, epl):
     """One online-softmax step of every row in this key group's own state: new running maximum
     ``mrow``, ``sc`` turned into probabilities, running sum ``lrow`` and ``acc`` rescaled."""
@@ -234,7 +235,7 @@ def softmax_rows(sc, mrow, lrow, acc, unroll, rows, epl):
             acc[i * epl + e] *= alpha
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def accumulate_pv(acc, vw, sc, bf16, unroll, rows, ch, epl):
     """``acc`` += P V of the iteration's keys (``vw``, unpacked pair by pair) for every row."""
     for u in range(unroll):
@@ -248,7 +249,7 @@ def accumulate_pv(acc, vw, sc, bf16, unroll, rows, ch, epl):
                     acc[e + 1] += p * v1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def post_state(sm_m, sm_l, sm_acc, mrow, lrow, acc, tid, rows, epl):
     """Post this lane's state of every row (maximum, sum, its ``epl`` accumulator elements) to
     row ``tid`` of the block's shared arrays."""
@@ -259,7 +260,7 @@ def post_state(sm_m, sm_l, sm_acc, mrow, lrow, acc, tid, rows, epl):
             sm_acc[tid, i * epl + e] = acc[i * epl + e]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def merge_pair(sm_m, sm_l, sm_acc, i, w, states, groups, lpk, log_lpk, epl):
     """Combine the ``states`` posted key-group states of row ``i`` for output elements
     ``2w, 2w + 1``: the states of the lanes that loaded that 16-byte chunk (one per key group

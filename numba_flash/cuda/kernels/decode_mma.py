@@ -19,7 +19,7 @@ lse); the last warp of each chunk to finish then merges them (``fold``). Masks a
 decode_fma.py's CUDA-core kernel: window / sinks / a draft tree of at most 64 nodes, keys
 counted on the same "virtual" axis (sink keys, then the window).
 
-The kernel body is the algorithm; the ``inline=True`` device functions below are its steps:
+The kernel body is the algorithm; the ``@inlined`` device functions below are its steps:
 the lane's rows and Q fragments (``lane_layout``, ``lane_rows``, ``tree_words``,
 ``load_q_fragments``), the K/V tile pipeline (``fast_copy_fits`` and the three tile copies,
 ``cp_async_wait_behind``), one tile's S = Q K^T, mask and online softmax, O += P V
@@ -49,6 +49,7 @@ from ..primitives import (SIMULATOR, arrive_acq_rel, bcast0, cp_async16,
 from .decode_fma import tree_visible
 from .decode_split import cache_slot, split_keys
 from .jitcache import jit_kernel
+from ..primitives.base import inlined
 
 __all__ = ["make_mma_decode_kernel", "mma_decode_supported", "mma_smem_bytes", "MMA_ROWS"]
 
@@ -113,7 +114,7 @@ def _fast_copy_geometry(head_dim: int, block_n: int, paged: bool, page_pow2: int
 
 
 # ----------------------------------------------------------------------------- the lane's rows
-@cuda.jit(device=True, inline=True)
+@inlined
 def lane_layout(lane, swz_mask):
     """(g, t, k_row, k_col, v_row, v_col, swz) of a lane: its fragment row group ``g`` and
     column pair ``t`` (mma.sync layout), the shared row and word column it gives ``ldmatrix``
@@ -128,7 +129,7 @@ def lane_layout(lane, swz_mask):
     return g, t, k_row, k_col, v_row, v_col, swz
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def cache_length(k, block_table, cache_seqlens, b, page_size, paged, full_lens):
     """Keys of sequence ``b``: ``cache_seqlens[b]`` clamped to the cache's capacity, or the
     capacity itself with ``full_lens``."""
@@ -144,7 +145,7 @@ def cache_length(k, block_table, cache_seqlens, b, page_size, paged, full_lens):
     return n
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def lane_rows(chunk, g, m_rows, seqlen_q, hk, heads_ratio, offset):
     """The lane's two rows, g and g + 8 of the 16-row chunk: (live0, live1, s0, s1, h0, h1,
     qpos0, qpos1): whether the packed row exists, its query index, query head and key position
@@ -164,7 +165,7 @@ def lane_rows(chunk, g, m_rows, seqlen_q, hk, heads_ratio, offset):
     return live0, live1, s0, s1, h0, h1, qpos0, qpos1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def tree_words(tree_bits, s0, live0, s1, live1, has_tree):
     """(tb00, tb01, tb10, tb11): the draft-tree visibility words (nodes 0..31, 32..63) of the
     lane's two query rows (zeros without a tree)."""
@@ -180,7 +181,7 @@ def tree_words(tree_bits, s0, live0, s1, live1, has_tree):
     return tb00, tb01, tb10, tb11
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_q_fragments(qf, q, b, s0, h0, live0, s1, h1, live1, t, ksteps):
     """Q's A fragments of the ``ksteps`` k-steps into ``qf`` (4 words per k-step: rows g and
     g + 8, columns t and t + 4 of the step's 8 words); a row that does not exist is zeros."""
@@ -204,7 +205,7 @@ def load_q_fragments(qf, q, b, s0, h0, live0, s1, h1, live1, t, ksteps):
 
 
 # ----------------------------------------------------------------------------- K/V tile pipeline
-@cuda.jit(device=True, inline=True)
+@inlined
 def fast_copy_offsets(k, v, b, hk, lane, paged, cpr):
     """(lrow, lcol, ksr, vsr, kl, vl, ksp, vsp, n_pages) of the fast copies: this lane's first
     row and word column of a tile, the key-row strides of K and V in words, the element offsets
@@ -225,7 +226,7 @@ def fast_copy_offsets(k, v, b, hk, lane, paged, cpr):
     return lrow, lcol, ksr, vsr, kl, vl, ksp, vsp, n_pages
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def fast_copy_fits(t0, kstart, v_end, ns, paged, page_pow2, block_n):
     """Does the tile of virtual keys ``[t0, t0 + block_n)`` (first key ``kstart``) take the
     fast copy: every key in the split, past the sinks, and within one page (or whole pages)?"""
@@ -238,7 +239,7 @@ def fast_copy_fits(t0, kstart, v_end, ns, paged, page_pow2, block_n):
     return fast_tile
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy_tile_pages(ks, vs, k, v, block_table, b, lane, dst0, kstart, bt_base, bt_reg, bt_cols,
                     n_pages, kl, vl, ksp, vsp, ksr, vsr, lrow, lcol, hint, policy, page_pow2,
                     page_shift, pages, block_n, loads, rpi, swz_mask):
@@ -272,7 +273,7 @@ def copy_tile_pages(ks, vs, k, v, block_table, b, lane, dst0, kstart, bt_base, b
     return bt_base, bt_reg
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy_tile_rows(ks, vs, k, v, dst0, kstart, kl, vl, ksr, vsr, lrow, lcol, hint, policy,
                    loads, rpi, swz_mask):
     """Fast copy of a contiguous tile (keys from ``kstart``) into ring rows ``dst0..``: ``loads``
@@ -286,7 +287,7 @@ def copy_tile_rows(ks, vs, k, v, dst0, kstart, kl, vl, ksr, vsr, lrow, lcol, hin
         cp_async16_maybe_hint(hint, vs, dst0 + r, dc, v, vb + (it * rpi) * vsr, 16, policy)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy_tile_any(ks, vs, k, v, block_table, b, hk, lane, dst0, t0, v_end, ns, lo, paged,
                   page_size, page_shift, loads, cpr, swz_mask):
     """General copy of the tile of virtual keys from ``t0`` into ring rows ``dst0..``: every
@@ -309,7 +310,7 @@ def copy_tile_any(ks, vs, k, v, block_table, b, hk, lane, dst0, t0, v_end, ns, l
         cp_async16(vs, dst0 + r, dc, v, bi, row, hk, c, nbytes)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def cp_async_wait_behind(n):
     """Wait until at most ``n`` (1..3, compile-time) committed copy groups are in flight."""
     if n == 1:
@@ -321,7 +322,7 @@ def cp_async_wait_behind(n):
 
 
 # ----------------------------------------------------------------------------- one key tile
-@cuda.jit(device=True, inline=True)
+@inlined
 def mma_into(bf16, a0, a1, a2, a3, b0, b1, c, j):
     """``c`` n-tile ``j`` (fragment registers ``4 j .. 4 j + 3``) += the A fragment ``a0..a3``
     times the B fragment ``(b0, b1)`` (one m16n8k16 ``mma.sync``)."""
@@ -333,7 +334,7 @@ def mma_into(bf16, a0, a1, a2, a3, b0, b1, c, j):
     c[j * 4 + 3] = c3
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def mma_pair(bf16, a0, a1, a2, a3, b0, b1, b2, b3, c, j):
     """``c`` n-tiles ``j`` and ``j + 1`` += the A fragment ``a0..a3`` times the two B fragments
     ``(b0, b1)``, ``(b2, b3)`` of one ``ldmatrix_x4``."""
@@ -341,7 +342,7 @@ def mma_pair(bf16, a0, a1, a2, a3, b0, b1, b2, b3, c, j):
     mma_into(bf16, a0, a1, a2, a3, b2, b3, c, j + 1)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def tile_scores(bf16, s, qf, ks, base, k_row, k_col, swz, ksteps, ntiles):
     """S = Q K^T of one key tile: ``s`` (``ntiles`` n-tiles of 8 keys) from the Q fragments
     ``qf`` (``ksteps`` k-steps) and the tile's K rows in shared ``ks`` from row ``base`` (this
@@ -358,7 +359,7 @@ def tile_scores(bf16, s, qf, ks, base, k_row, k_col, swz, ksteps, ntiles):
             mma_pair(bf16, a0, a1, a2, a3, b0, b1, b2, b3, s, 2 * jj)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def tile_mask_max(s, full, kb0, t, ns, lo, v_end, qpos0, qpos1, tb00, tb01, tb10, tb11,
                   tree_start, scale_log2, cap_in, cap_out, window_left, window_right, sinks,
                   has_left, has_right, has_sinks, has_softcap, has_tree, ntiles):
@@ -404,7 +405,7 @@ def tile_mask_max(s, full, kb0, t, ns, lo, v_end, qpos0, qpos1, tb00, tb01, tb10
     return mx0, mx1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def online_softmax(s, acc, m0, m1, l0, l1, mx0, mx1, ntiles, ndtiles):
     """One online-softmax step of the lane's two rows: the new running maxima from the tile's
     (``mx0``, ``mx1``, reduced over the quad), ``s`` turned into probabilities, the running sums
@@ -445,7 +446,7 @@ def online_softmax(s, acc, m0, m1, l0, l1, mx0, mx1, ntiles, ndtiles):
     return m0, m1, l0, l1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def tile_pv(bf16, acc, p, vs, base, v_row, v_col, swz, ksteps, ntiles):
     """O += P V of one key tile: the probabilities ``p`` (the score fragments, packed to 16 bits
     as A fragments, ``ksteps`` k-steps of 16 keys) times the tile's V rows in shared ``vs``
@@ -462,7 +463,7 @@ def tile_pv(bf16, acc, p, vs, base, v_row, v_col, swz, ksteps, ntiles):
 
 
 # ----------------------------------------------------------------------------- output
-@cuda.jit(device=True, inline=True)
+@inlined
 def finish_rows(m0, m1, l0, l1):
     """(inv0, inv1, lse0, lse1) of the lane's two rows after the key loop: the quad's sum of
     the running sums, its reciprocal (0 for a row that saw no key) and the natural-log lse
@@ -484,7 +485,7 @@ def finish_rows(m0, m1, l0, l1):
     return inv0, inv1, lse0, lse1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_row(out, lse, o_part, lse_part, acc, half, split, b, sq, hh, t, inv, lse_v, direct,
               write_lse, bf16, ndtiles):
     """Write one of the lane's rows (``half`` 0: row g, accumulator registers 0, 1 of each
@@ -506,7 +507,7 @@ def store_row(out, lse, o_part, lse_part, acc, half, split, b, sq, hh, t, inv, l
 
 
 # ----------------------------------------------------------------------------- folded merge
-@cuda.jit(device=True, inline=True)
+@inlined
 def merge_layout(rl, g, chunk, seqlen_q, hk, heads_ratio, rs):
     """The merge's lane layout for a chunk of ``rl`` live rows: (lg, n_groups, slot, j, mbase,
     ls, sqa, hha, sqb, hhb). Lane group g takes row slot ``slot = g % RP`` (RP = live rows
@@ -540,7 +541,7 @@ def merge_layout(rl, g, chunk, seqlen_q, hk, heads_ratio, rs):
     return lg, n_groups, slot, j, mbase, ls, sqa, hha, sqb, hhb
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def arrive(counters, b, lane):
     """Publish this warp's partial state and count its arrival: (arrived, cidx), the counter's
     value before this warp's increment (the same in every lane) and its index.
@@ -572,7 +573,7 @@ def arrive(counters, b, lane):
     return arrived, cidx
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_partial(x, o_part, lse_part, sp, b, hh, sq, t, ndtiles):
     """Split ``sp``'s partial state of row (query ``sq``, head ``hh``): this lane's output
     pairs into ``x`` (8-byte loads), its lse returned."""
@@ -584,7 +585,7 @@ def load_partial(x, o_part, lse_part, sp, b, hh, sq, t, ndtiles):
     return la
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def gather_splits(macc, xa, xb, o_part, lse_part, live, b, hh, sq, t, j, n_groups, n_splits,
                   ndtiles, mf):
     """This lane group's share of a row's merge: splits ``j, j + n_groups, ...``, two per
@@ -624,7 +625,7 @@ def gather_splits(macc, xa, xb, o_part, lse_part, live, b, hh, sq, t, j, n_group
     return m, tot
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def combine_groups(macc, m, tot, lg, mbase, mf):
     """Bring the ``2^lg`` lane groups of a row (lane bits ``mbase ..``) to their common maximum:
     max of the running maxima (lg shuffles), one rescale of ``macc``, a butterfly sum of the
@@ -644,7 +645,7 @@ def combine_groups(macc, m, tot, lg, mbase, mf):
     return mu, tot
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def scatter_level(macc, j, bit, lane_mask, half, nr, scatter):
     """One level of the row's reduce-scatter across the lanes ``lane_mask`` apart: with
     ``scatter`` the lane whose j bit ``bit`` is set keeps the upper ``half`` of its values, its
@@ -662,14 +663,14 @@ def scatter_level(macc, j, bit, lane_mask, half, nr, scatter):
     return 0
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_pairs(out, macc, b, sq, hh, w0, inv, count, bf16):
     """``count`` 16-bit output pairs of ``macc`` times ``inv``, at words ``w0, w0 + 4, ...``."""
     for q in range(count):
         out[b, sq, hh, w0 + q * 4] = pack16(bf16, macc[2 * q] * inv, macc[2 * q + 1] * inv)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def write_merged(out, lse, macc, j, ls, off, tot, mu, b, sq, hh, t, write_lse, bf16, ndtiles,
                  h0, h1, h2):
     """Write a lane's merged output columns (its ``mf >> ls`` values from column pair ``off / 2``
@@ -691,7 +692,7 @@ def write_merged(out, lse, macc, j, ls, off, tot, mu, b, sq, hh, t, write_lse, b
         lse[b, hh, sq] = mu + math.log(tot) if tot != 0 else -math.inf
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def merge_row(out, lse, o_part, lse_part, macc, xa, xb, live, b, hh, sq, t, j, n_groups, lg, ls,
               mbase, n_splits, write_lse, bf16, ndtiles, mf, rs, nr):
     """Merge the splits' partial states of one row (query ``sq``, head ``hh``; the layout of

@@ -5,11 +5,12 @@ calling kernel."""
 from __future__ import annotations
 
 from numba import cuda
+from ..primitives.base import inlined
 
 __all__ = ["split_keys", "cache_slot", "window_visible_decode"]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def split_keys(chunk, rows, m_rows, seqlen_q, n, has_left, has_right, has_sinks, window_left,
                window_right, sinks, n_splits, split, unit):
     """Keys of one split for the row chunk ``chunk`` (``rows`` packed rows per chunk, ``m_rows``
@@ -52,7 +53,7 @@ def split_keys(chunk, rows, m_rows, seqlen_q, n, has_left, has_right, has_sinks,
     return chunk_rows, q_lo, q_hi, lo, ns, v_start, v_end
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def cache_slot(paged, key, ok, b, block_table, n_pages, page_size, page_shift):
     """``(first index, row, ok)`` of key ``key`` of sequence ``b`` in the cache: ``(b, key)``
     for a contiguous cache; for a paged one the page ``block_table[b, key // page_size]`` and
@@ -73,7 +74,7 @@ def cache_slot(paged, key, ok, b, block_table, n_pages, page_size, page_shift):
     return b, key, ok
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def window_visible_decode(vis, kpos, qp, window_left, window_right, sinks, has_left, has_right,
                           has_sinks):
     """``vis`` (the key is in range) and the flags' window for the query at position ``qp``

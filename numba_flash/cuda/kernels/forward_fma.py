@@ -31,12 +31,13 @@ from .masking import (BITMASK, INTERVALS, NONE, bit_visible, chunk_classes, firs
                       past_sinks, score_mod_device, skip_empty_chunks)
 from .sequences import clear_unowned_rows, packed_sequence
 from .tile_ops import window_visible
+from ..primitives.base import inlined
 
 __all__ = ["make_fma_kernel"]
 
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_q_rows(qr, acc, mrow, lrow, q, b, q_off, h, qtile, block_m, group, stride, seqlen_q,
                 part, lanes, rows, chunks, per_chunk, per_row, dtype, neg_inf):
     """The prologue: this lane's share of its ``rows`` query rows (row r is ``qtile * block_m +
@@ -58,7 +59,7 @@ def load_q_rows(qr, acc, mrow, lrow, q, b, q_off, h, qtile, block_m, group, stri
         lrow[r] = dtype(0.0)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy_tile_async(dst, src, b, k_off, hk, k0, seqlen_k, tid, threads, copies, exact, rows,
                     per_row, per_copy):
     """Start copying rows ``k0 .. k0 + rows - 1`` of ``src[b, k_off + key, hk, :]`` (K or V,
@@ -77,7 +78,7 @@ def copy_tile_async(dst, src, b, k_off, hk, k0, seqlen_k, tid, threads, copies, 
     cp_async_commit()
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def qk_scores(ps, qr, pa, cur, ks, group, stride, part, col0, lanes, log_lanes, split, keys,
               rows, chunks, per_chunk, per_row, dtype):
     """S = Q K^T for one key tile, unscaled: row ``group + r * stride`` of the shared ``ps``
@@ -125,7 +126,7 @@ def qk_scores(ps, qr, pa, cur, ks, group, stride, part, col0, lanes, log_lanes, 
             ps[group + r * stride, rnd * lanes + part] = pa[r * 8]   # key rnd * lanes + part
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def score_transform(dot, c, b, h, row, qpos, k0, lanes, part, seqlen_q, seqlen_k, offset,
                     scale, cap_in, cap_out, slope, smod, has_softcap, has_alibi, has_score_mod,
                     dtype):
@@ -140,13 +141,13 @@ def score_transform(dot, c, b, h, row, qpos, k0, lanes, part, seqlen_q, seqlen_k
         x = scale * dot
     kpos = k0 + c * lanes + part
     if has_alibi:
-        x -= slope * abs(qpos - kpos)
+        x -= slope * dtype(abs(qpos - kpos))
     if has_score_mod:
         x = dtype(smod(x, b, h, min(row, seqlen_q - 1) + offset, min(kpos, seqlen_k - 1)))
     return x
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def mask_score(x, b, h, row, qpos, kpos, seqlen_q, seqlen_k, window_left, window_right, sinks,
                mk_iv, mk_bits, mod, has_left, has_right, has_sinks, kind, dtype, neg_inf):
     """The score ``x`` of query row ``row`` (position ``qpos``, bottom-right aligned) and key
@@ -169,7 +170,7 @@ def mask_score(x, b, h, row, qpos, kpos, seqlen_q, seqlen_k, window_left, window
     return x
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def softmax_update(ps, acc, mrow, lrow, mx, r, group, stride, part, lanes, log_lanes, keys,
                    per_row, dtype, neg_inf):
     """The online-softmax step of row r (``group + r * stride`` of the shared ``ps``) after a key
@@ -195,7 +196,9 @@ def softmax_update(ps, acc, mrow, lrow, mx, r, group, stride, part, lanes, log_l
         acc[r * per_row + e] *= alpha
 
 
-@cuda.jit(device=True, inline=True)
+# Numba-level inlining: per_chunk (a constant per kernel) picks a 4- or 2-tuple load, which
+# only types once the other branch is pruned.
+@cuda.jit(device=True, inline="always")
 def pv_accumulate(acc, pv, ps, vs, group, stride, col0, lanes, keys, rows, chunks, per_chunk,
                   per_row):
     """O += P V for one key tile: ``acc`` (local, layout as in ``load_q_rows``) of ``rows`` rows
@@ -230,7 +233,7 @@ def pv_accumulate(acc, pv, ps, vs, group, stride, col0, lanes, keys, rows, chunk
                     acc[r * per_row + c * per_chunk + i] = a
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_rows(out, lse, acc, mrow, lrow, b, q_off, h, qtile, block_m, group, stride, seqlen_q,
                part, lanes, log_lanes, rows, chunks, per_chunk, per_row, write_lse, dtype,
                neg_inf):
@@ -321,13 +324,14 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         h = cuda.blockIdx.y % heads_q
         hk = h // heads_ratio
         tid = cuda.threadIdx.x
+        neg_inf = npdt(NEG_INF)     # in the working dtype: a float64 -inf would promote the scores
         ab = b
         q_off = 0
         k_off = 0
         if VARLEN:
             ab = 0
             clear_unowned_rows(out, lse, cu_q, b, h, cuda.blockIdx.x, n_qtiles, BM, D, seqlen_q,
-                               tid, NT, NEG_INF, write_lse)
+                               tid, NT, neg_inf, write_lse)
             q_off, seqlen_q = packed_sequence(cu_q, b, q.shape[1], seqlen_q)
             k_off, seqlen_k = packed_sequence(cu_k, b, k.shape[1], seqlen_k)
             if qtile * BM >= seqlen_q:
@@ -360,7 +364,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         # Warp-uniform: does any row of this warp exist? (Its lowest row is its first group's.)
         active = qtile * BM + (tid // 32) * (32 // TPR) < seqlen_q
         load_q_rows(qr, acc, mrow, lrow, q, ab, q_off, h, qtile, BM, gi, G, seqlen_q, part, TPR,
-                    RPR, NC, CH, E, npdt, NEG_INF)
+                    RPR, NC, CH, E, npdt, neg_inf)
 
         q_lo = qtile * BM + offset
         q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
@@ -420,7 +424,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                 for r in range(RPR):
                     row = qtile * BM + gi + r * G
                     qpos = row + offset
-                    mx = npdt(NEG_INF)
+                    mx = neg_inf
                     for c in range(NS):
                         x = score_transform(ps[gi + r * G, c * TPR + part], c, b, h, row, qpos,
                                             k0, TPR, part, seqlen_q, seqlen_k, offset, scale,
@@ -430,11 +434,11 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                         if not full:
                             x = mask_score(x, b, h, row, qpos, kpos, seqlen_q, seqlen_k,
                                            window_left, window_right, sinks, mk_iv, mk_bits, mod,
-                                           has_left, has_right, has_sinks, KIND, npdt, NEG_INF)
+                                           has_left, has_right, has_sinks, KIND, npdt, neg_inf)
                         ps[gi + r * G, c * TPR + part] = x
                         mx = max(mx, x)
                     softmax_update(ps, acc, mrow, lrow, mx, r, gi, G, part, TPR, LOG_TPR, BN, E,
-                                   npdt, NEG_INF)
+                                   npdt, neg_inf)
 
             cp_async_wait_all()
             cuda.syncthreads()  # V tile and P landed; everyone is done with K
@@ -447,7 +451,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
             tile = nxt
 
         store_rows(out, lse, acc, mrow, lrow, ab, q_off, h, qtile, BM, gi, G, seqlen_q, part, TPR,
-                   LOG_TPR, RPR, NC, CH, E, write_lse, npdt, NEG_INF)
+                   LOG_TPR, RPR, NC, CH, E, write_lse, npdt, neg_inf)
 
     return jit_kernel(kernel, ("fma", D, bool(is_f64), has_left, has_right, has_sinks, has_softcap,
                          write_lse, BN, KIND, VARLEN, ALIBI, SCORE_MOD),

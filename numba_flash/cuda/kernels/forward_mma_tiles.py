@@ -1,6 +1,6 @@
 """Tile-level device helpers of the tensor-core forward kernel (forward_mma.py).
 
-Every helper is ``@cuda.jit(device=True, inline=True)`` (inlined at the Numba IR level) and
+Every helper is ``@inlined`` (primitives/base.py: NVVM inlines it) and
 takes the kernel's compile-time constants (``m_tiles``, fragment counts, dtype and mask flags)
 as arguments, so the kernel's closure keeps plain constants (the disk cache hashes it;
 kernels/jitcache.py). Fragment layouts are mma.sync m16n8k16's: lane ``4 g + t`` of a warp holds
@@ -21,6 +21,7 @@ from ..primitives import (cp_async4_to, cp_async16, cp_async16_to, cp_async_comm
                           shfl_xor, sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss,
                           wgmma_wait)
 from .masking import BITMASK, INTERVALS, LN2, LOG2E, MASK_MOD
+from ..primitives.base import inlined
 
 __all__ = ["store_output", "ldmatrix_lane", "copy_coords", "load_q_fragments", "init_rows",
            "copy_rows", "mma_pair", "qk_mma", "qk_wgmma", "pv_mma", "pv_wgmma", "score_logits",
@@ -30,7 +31,7 @@ __all__ = ["store_output", "ldmatrix_lane", "copy_coords", "load_q_fragments", "
 NEG_INF = -math.inf
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def store_output(out, lse, acc, l_run, m_run, ab, q_off, h, wrow, g, t, seqlen_q, m_tiles,
                  of, nd, bf16, write_lse):
     """Epilogue: O = acc / l into ``out[ab, q_off + row, h, :]`` and (``write_lse``) the
@@ -61,7 +62,7 @@ def store_output(out, lse, acc, l_run, m_run, ab, q_off, h, wrow, g, t, seqlen_q
                                                if l != 0 else NEG_INF)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def ldmatrix_lane(lane, swz_mask):
     """``(v_row, v_col, swz)``: the tile row and word column this lane addresses in an
     ldmatrix.x4 (lanes 8m .. 8m + 7 address matrix m: rows 0-7 / 8-15, word columns 0 / 4),
@@ -73,7 +74,7 @@ def ldmatrix_lane(lane, swz_mask):
     return v_row, v_col, swz
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy_coords(tid, tpl, swz_mask):
     """``(cp_row, cp_part, cp_swz)``: thread ``tid``'s tile-copy coordinates (``tpl`` threads per
     row segment; see ``copy_rows``) and the swizzle term of its rows."""
@@ -83,7 +84,7 @@ def copy_coords(tid, tpl, swz_mask):
     return cp_row, cp_part, cp_swz
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_q_fragments(qf, q, ab, q_off, h, row0, row1, t, seqlen_q, k_steps):
     """Register-Q path: the A fragments of Q rows ``row0`` and ``row1 = row0 + 8`` for
     ``k_steps`` 16-column k-steps into ``qf`` (uint32, 4 per k-step: (row0, w), (row1, w),
@@ -108,7 +109,7 @@ def load_q_fragments(qf, q, ab, q_off, h, row0, row1, t, seqlen_q, k_steps):
         qf[kk * 4 + 3] = x3
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def init_rows(acc, m_run, l_run, m_tiles, of):
     """Zero the output accumulator ``acc`` (float32, ``m_tiles * of``) and start the running row
     maxima ``m_run`` at -inf and row sums ``l_run`` at 0 (float32, ``2 m_tiles`` each)."""
@@ -119,7 +120,7 @@ def init_rows(acc, m_run, l_run, m_tiles, of):
         l_run[i] = np.float32(0.0)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy_rows(dst, dst_addr, src, ab, off, row0, limit, hk, cp_row, cp_part, cp_swz, passes,
               nseg, tpl, rpp, blk, wg):
     """This thread's share of the block's cp.async copy of tile rows ``row0 ..`` of
@@ -144,7 +145,7 @@ def copy_rows(dst, dst_addr, src, ab, off, row0, limit, hk, cp_row, cp_part, cp_
                            16 if ok else 0)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def mma_pair(c, o, a0, a1, a2, a3, b0, b1, b2, b3, bf16):
     """Two mma.sync m16n8k16 products of one A fragment (``a0..a3``, uint32 16-bit pairs) with
     two B fragments (``b0, b1`` and ``b2, b3``): 16 x 16 outputs accumulated in place into
@@ -161,7 +162,7 @@ def mma_pair(c, o, a0, a1, a2, a3, b0, b1, b2, b3, bf16):
     c[o + 7] = c3
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def qk_mma(s, qs, qf, ks, warp, v_row, v_col, swz, k_steps, ns, sf, s_n, wrows, m_tiles,
            q_smem, bf16):
     """S = Q K^T of one key tile on mma.sync m16n8k16 (fp32 accumulation), into ``s`` (float32
@@ -197,7 +198,7 @@ def qk_mma(s, qs, qf, ks, warp, v_row, v_col, swz, k_steps, ns, sf, s_n, wrows, 
                 mma_pair(s, j, e0, e1, e2, e3, b0, b1, b2, b3, bf16)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def qk_wgmma(s, dq, dk, k_steps, bn, blk_q, blk_k, bf16):
     """S = Q K^T of one key tile on wgmma m64n{bn}k16 (this warpgroup's 64 query rows, fp32
     accumulation into ``s``, float32 ``bn / 2``: the mma.sync accumulator layout of the warp's
@@ -215,7 +216,7 @@ def qk_wgmma(s, dq, dk, k_steps, bn, blk_q, blk_k, bf16):
     wgmma_wait(bn, s)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def pv_mma(acc, pk, vs, v_row, v_col, swz, p_steps, nd, sf, of, m_tiles, bf16):
     """O += P V of one key tile on mma.sync m16n8k16. A fragments: the packed probabilities
     ``pk`` (uint32 16-bit pairs, ``m_tiles * sf / 2``, the S accumulator layout, which is the A
@@ -244,7 +245,7 @@ def pv_mma(acc, pk, vs, v_row, v_col, swz, p_steps, nd, sf, of, m_tiles, bf16):
                 mma_pair(acc, o, e0, e1, e2, e3, b0, b1, b2, b3, bf16)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def pv_wgmma(acc, pk, dv, p_steps, d, bf16):
     """O += P V of one key tile on wgmma m64n{d}k16: A = the packed probabilities ``pk``
     (uint32, registers: the mma.sync A fragments of the warp's 16 rows), B = the V tile
@@ -260,7 +261,7 @@ def pv_wgmma(acc, pk, dv, p_steps, d, bf16):
     wgmma_wait(d, acc)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def score_logits(s, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, scale_log2, cap_in,
                  cap_out, slope, smod, ns, sf, m_tiles, has_softcap, alibi, score_mod):
     """The raw products ``s`` (float32, the S accumulator layout; keys from ``k0``, the warp's
@@ -280,7 +281,7 @@ def score_logits(s, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, scale_log2
                     x = x * scale_log2
                 if alibi:
                     qpos = wrow + mt * 16 + g + 8 * (e >> 1) + offset
-                    x -= slope * abs(qpos - kpos)
+                    x -= slope * abs(np.float32(qpos - kpos))
                 if score_mod:   # natural-log score in, indices inside the sequence
                     qc = min(wrow + mt * 16 + g + 8 * (e >> 1), seqlen_q - 1) + offset
                     kc = min(kpos, seqlen_k - 1)
@@ -288,7 +289,7 @@ def score_logits(s, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, scale_log2
                 s[mt * sf + j * 4 + e] = x
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, window_left,
               window_right, sinks, mk_iv, mk_bits, iv_addr, mod, ns, sf, run_n, bn, kind,
               iv_smem, has_left, has_right, has_sinks):
@@ -347,7 +348,7 @@ def mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, window
                 s[e] = s[e] if vis else np.float32(NEG_INF)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def update_row_max(s, m_run, mx, mu, alpha, ns, sf, m_tiles, run_n):
     """Online softmax, step 1: the tile's row maxima of the logits ``s`` (float32, S
     accumulator layout), reduced over the lane quad that holds a row, update the running
@@ -375,7 +376,7 @@ def update_row_max(s, m_run, mx, mu, alpha, ns, sf, m_tiles, run_n):
         mx[r] = np.float32(0.0)      # from here on: this tile's row sums
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def exp_and_pack(s, pk, mx, mu, alpha, l_run, ns, sf, m_tiles, run_n, bf16):
     """Online softmax, step 2: P = exp2(S - mu), packed at once to 16-bit pairs into ``pk``
     (uint32, ``m_tiles * sf / 2``, same order as ``s``: the A operand of P V; half the
@@ -395,7 +396,7 @@ def exp_and_pack(s, pk, mx, mu, alpha, l_run, ns, sf, m_tiles, run_n, bf16):
         l_run[r] = l_run[r] * alpha[r] + mx[r]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def rescale_acc(acc, alpha, nd, of, m_tiles):
     """Online softmax, step 3: the output accumulator ``acc`` (float32, ``m_tiles * of``: ``nd``
     n-tiles per m-tile) times its rows' ``alpha`` (float32, index ``2 mt + half``)."""
@@ -405,7 +406,7 @@ def rescale_acc(acc, alpha, nd, of, m_tiles):
                 acc[mt * of + dn * 4 + e] *= alpha[2 * mt + (e >> 1)]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy_bounds(iv_addr, mk_iv, key0, seqlen_k, tid, threads, per_thread, bn):
     """This thread's share of the cp.async copy (4 bytes each) of the interval bounds of keys
     ``key0 .. key0 + bn - 1`` (``mk_iv`` int32 (4, Sk); keys past ``seqlen_k``: zeros) to the
@@ -418,7 +419,7 @@ def copy_bounds(iv_addr, mk_iv, key0, seqlen_k, tid, threads, per_thread, bn):
                      4 if key < seqlen_k else 0)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def wgmma_tiles(dyn, warp, cp_row, cp_part, q_off, k_off, v_off, blk_k):
     """wgmma path: ``(sbase, cp_dst, dq, dk, dv)``: the 1024-byte aligned shared address of the
     dynamic tiles (``dyn``, the kernel's dynamic shared array), this thread's first copy
@@ -435,7 +436,7 @@ def wgmma_tiles(dyn, warp, cp_row, cp_part, q_off, k_off, v_off, blk_k):
 
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def copy_k_stage(ks, k_addr, k, ab, k_off, key0, seqlen_k, hk, cp_row, cp_part, cp_swz, passes,
                  nseg, tpl, rpp, blk, wg, iv_addr, mk_iv, tid, threads, iv_per_thread, bn,
                  iv_smem):

@@ -39,6 +39,7 @@ from ..primitives import SIMULATOR, mma_tf32, shfl_xor, split_tf32, syncwarp
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
 from .tile_ops import load_kv_tile, masked_score
+from ..primitives.base import inlined
 
 __all__ = ["make_tf32x3_kernel", "tf32x3_supported", "tf32x3_geometry", "TF32_BLOCK_N"]
 
@@ -63,7 +64,7 @@ def tf32x3_geometry(head_dim: int) -> tuple[int, int]:
     return (64, 128) if head_dim <= 64 else (32, 64)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def mma3(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """c + a b in 3xTF32: the two small cross terms first, then hi x hi."""
     a0h, a0l = split_tf32(a0)

@@ -11,6 +11,7 @@ from numba import cuda
 
 from ..primitives import SIMULATOR, ballot, lowest_bit
 from .tile_classes import FULL, SKIP, interval_class
+from ..primitives.base import inlined
 
 __all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes", "key_tiles",
            "past_sinks", "skip_empty_chunks", "first_in_chunk", "flags_see_whole_tile",
@@ -20,7 +21,7 @@ __all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_clas
 NONE, INTERVALS, BITMASK, MASK_MOD = 0, 1, 2, 3
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def key_tiles(q_lo, q_hi, seqlen_k, block_n, has_left, has_right, has_sinks, window_left,
               window_right, sinks):
     """Key tiles that query positions ``q_lo..q_hi`` (bottom-right aligned, in key
@@ -51,7 +52,7 @@ def key_tiles(q_lo, q_hi, seqlen_k, block_n, has_left, has_right, has_sinks, win
     return tile_lo, tile_hi, first, last, sink_tiles
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def past_sinks(tile, tile_lo, sink_tiles, has_sinks):
     """Where ``key_tiles``' walk goes on from ``tile``: a tile between the sink tiles and the
     window (``sink_tiles <= tile < tile_lo``) holds no visible pair, so the walk jumps to
@@ -61,7 +62,7 @@ def past_sinks(tile, tile_lo, sink_tiles, has_sinks):
     return tile
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def tile_class(kind, mm, tab, tb, qtile, tile, a, b):
     """Class (0 skip, 1 partial, 2 full) of key tile ``tile`` for query tile ``qtile`` (rows
     [a, b)): from the min/max vectors ``mm`` (INTERVALS) or the table ``tab[tb]`` (others)."""
@@ -72,13 +73,13 @@ def tile_class(kind, mm, tab, tb, qtile, tile, a, b):
     return FULL
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def interval_visible(iv, row, col):
     """Is query row ``row`` visible to key ``col`` under the column intervals ``iv`` (4, Sk)?"""
     return not ((iv[0, col] <= row and row < iv[1, col]) or (iv[2, col] <= row and row < iv[3, col]))
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def interval_visible2(iv, col, row0, row1):
     """``interval_visible`` for two query rows of one key column: its 4 bounds loaded once."""
     lts = iv[0, col]
@@ -90,7 +91,7 @@ def interval_visible2(iv, col, row0, row1):
     return vis0, vis1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def bit_visible(bits, row, col):
     """Bit ``col`` of row ``row`` of the packed uint32 bitmask (1 = visible)."""
     return ((bits[row, col >> 5] >> (col & 31)) & 1) != 0
@@ -106,7 +107,7 @@ def score_unchanged(score, b, h, q_idx, kv_idx):
     return score
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def chunk_classes(kind, mm, tab, tb, qtile, base, lane, tile_lo, tile_hi, sink_tiles, a, b):
     """Classify key tiles ``base .. base + 31`` at once, lane i taking tile ``base + i``.
 
@@ -123,7 +124,7 @@ def chunk_classes(kind, mm, tab, tb, qtile, base, lane, tile_lo, tile_hi, sink_t
     return ballot(cls != SKIP), ballot(cls == FULL)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def skip_empty_chunks(kind, mm, tab, tb, qtile, base, visible, full, lane, last, tile_lo,
                       tile_hi, sink_tiles, a, b, has_sinks):
     """The walk's move past exhausted chunks: while the chunk at ``base`` has no visible tile
@@ -139,14 +140,14 @@ def skip_empty_chunks(kind, mm, tab, tb, qtile, base, visible, full, lane, last,
     return base, visible, full
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def first_in_chunk(base, visible, last):
     """The first visible tile of the chunk at ``base`` (lowest set bit of ``visible``), or
     ``last + 1`` (the walk is over) when it has none."""
     return base + lowest_bit(visible) if visible != 0 else last + 1
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k, window_left, window_right, sinks,
                          block_n, has_left, has_right, has_sinks):
     """Whether the flags let every query position ``q_lo..q_hi`` see every key of the tile

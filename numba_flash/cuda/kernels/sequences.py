@@ -4,11 +4,12 @@ computes (cleared by the kernels themselves, so the outputs need no fill before 
 from __future__ import annotations
 
 from numba import cuda
+from ..primitives.base import inlined
 
 __all__ = ["packed_sequence", "clear_unowned_rows"]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def packed_sequence(cu, b, total, max_len):
     """``(offset, length)`` of sequence ``b``: rows ``cu[b] : cu[b + 1]`` of an array of
     ``total`` rows, clamped to ``[0, total]`` (a decreasing pair gives length 0) and to
@@ -19,7 +20,7 @@ def packed_sequence(cu, b, total, max_len):
     return start, min(end - start, max_len)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def clear_unowned_rows(out, lse, cu, b, h, tile, n_tiles, rows, width, max_len, tid, nthreads,
                        lse_fill, write_lse):
     """The output rows around sequence ``b`` that no block computes, for head ``h``: rows of

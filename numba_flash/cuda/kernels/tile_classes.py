@@ -23,6 +23,7 @@ import numpy as np
 from numba import cuda
 
 from ..primitives import SIMULATOR
+from ..primitives.base import inlined
 
 __all__ = ["SKIP", "PARTIAL", "FULL", "MINMAX_FIELDS", "interval_class", "tile_minmax",
            "tile_minmax_into", "classify_intervals", "classify_bitmask", "classify_mask_mod",
@@ -39,7 +40,7 @@ def _jit(fn):
     return cuda.jit(fn) if SIMULATOR else cuda.jit(cache=True)(fn)
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def interval_class(mm, t, a, b):
     """Class of the tile of query rows [a, b) and key tile t, from the (8, n_ktiles) min/max
     vectors ``mm`` (rows in ``MINMAX_FIELDS`` order): FlashMask's rule, as in the reference."""

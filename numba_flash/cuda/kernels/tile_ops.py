@@ -9,11 +9,12 @@ import math
 from numba import cuda
 
 from ..primitives import cp_async16, cp_async_commit, cp_async_wait_all
+from ..primitives.base import inlined
 
 __all__ = ["load_kv_tile", "masked_score", "window_visible"]
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_row, per_copy):
     """Rows ``k0 ..`` of ``k[b, :, hk, :]`` and ``v[...]`` into the shared tiles ``ks`` / ``vs``
     (zeros past ``seqlen_k``), by cp.async: ``copies`` 16-byte copies per thread, ``per_row``
@@ -32,7 +33,7 @@ def load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_ro
     cuda.syncthreads()
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def window_visible(key, qpos, window_left, window_right, sinks, has_left, has_right, has_sinks):
     """Whether the flags let query position ``qpos`` see key ``key`` (bottom-right aligned): inside
     the window (``has_left`` / ``has_right``: ``qpos - window_left <= key <= qpos +
@@ -47,7 +48,7 @@ def window_visible(key, qpos, window_left, window_right, sinks, has_left, has_ri
     return in_window
 
 
-@cuda.jit(device=True, inline=True)
+@inlined
 def masked_score(x, key, qpos, seqlen_k, scale, cap_in, cap_out, has_softcap, has_left,
                  has_right, has_sinks, window_left, window_right, sinks, neg_inf):
     """The score of the raw product ``x = q.k`` for the pair (query position ``qpos``, key

@@ -12,12 +12,27 @@ from __future__ import annotations
 
 import threading
 
+from numba import cuda
 from numba.cuda import config
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
-__all__ = ["SIMULATOR", "item_pointer_i64", "offset_pointer_i64", "shared_address_i32",
+__all__ = ["SIMULATOR", "inlined", "item_pointer_i64", "offset_pointer_i64", "shared_address_i32",
            "TO_SHARED", "bare_asm_intrinsic", "collective"]
+
+
+
+def inlined(func):
+    """``func`` as a device function that NVVM inlines into every caller (LLVM's
+    ``alwaysinline``), so the kernel keeps its tiles in registers. Not Numba's IR-level
+    ``inline="always"``, which types the callee again at every call site: on the backward's
+    wgmma kernel that took ~100 s of a ~108 s compile, this way ~8 s, with the same machine
+    code. Keep ``inline="always"`` only where a constant argument must prune a branch before
+    typing (the branches give different types)."""
+    if SIMULATOR:           # the simulator's jit has no forceinline
+        return cuda.jit(device=True)(func)
+    return cuda.jit(device=True, forceinline=True)(func)
+
 
 if not SIMULATOR:
     from llvmlite import ir

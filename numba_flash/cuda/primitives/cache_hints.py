@@ -11,7 +11,7 @@ Numba's CUDA simulator (which runs no inline PTX; see base.py).
 """
 from __future__ import annotations
 
-from .base import SIMULATOR
+from .base import SIMULATOR, inlined
 
 __all__ = ["evict_first_policy", "cp_async16_hint", "cp_async16_maybe_hint"]
 
@@ -77,7 +77,7 @@ if not SIMULATOR:
 
     from .cp_async import cp_async16_at
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def cp_async16_maybe_hint(hint, dst, di, dj, src, word_offset, src_bytes, policy):
         """``cp_async16_hint`` when ``hint`` (a compile-time constant at the call site), else
         ``cp_async16_at`` (``policy`` unused)."""

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .base import SIMULATOR, collective
+from .base import SIMULATOR, collective, inlined
 
 __all__ = ["mma_f16", "mma_bf16", "mma16", "pack_f16", "pack_bf16", "pack16"]
 
@@ -79,14 +79,14 @@ if not SIMULATOR:
     pack_f16 = _pack_intrinsic("f16")
     pack_bf16 = _pack_intrinsic("bf16")
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def mma16(is_bf16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """``mma_bf16`` if ``is_bf16`` (a compile-time constant at the call site) else ``mma_f16``."""
         if is_bf16:
             return mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
         return mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def pack16(is_bf16, lo, hi):
         """``pack_bf16`` if ``is_bf16`` else ``pack_f16``."""
         if is_bf16:

@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from .base import SIMULATOR, collective
+from .base import SIMULATOR, collective, inlined
 
 __all__ = ["mma_f64", "mma_tf32", "split_tf32", "tensor_core_rounding"]
 
@@ -91,7 +91,7 @@ if not SIMULATOR:
 
     from numba import cuda
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def split_tf32(x):
         """(hi, lo): x rounded to TF32 and the rounded remainder (module docstring)."""
         hi = _to_tf32(x)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import SIMULATOR
+from .base import SIMULATOR, inlined
 
 __all__ = ["arrive_acq_rel", "bcast0", "st2", "ld2"]
 
@@ -48,7 +48,7 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def bcast0(x):
         """Lane 0's ``x`` on every lane of the fully active warp."""
         return cuda.shfl_sync(0xFFFFFFFF, x, 0)

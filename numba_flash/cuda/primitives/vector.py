@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import SIMULATOR, item_pointer_i64
+from .base import SIMULATOR, inlined, item_pointer_i64
 
 __all__ = ["ld_v4", "unpack_f16", "unpack_bf16", "unpack16"]
 
@@ -82,7 +82,7 @@ else:
 if not SIMULATOR:
     from numba import cuda
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def unpack16(is_bf16, word):
         """(low, high) float32 of a word of two bfloat16 (``is_bf16``, a compile-time constant
         at the call site) or float16 values."""

@@ -9,36 +9,36 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import SIMULATOR, collective
+from .base import SIMULATOR, collective, inlined
 
 __all__ = ["shfl_xor", "shfl_idx", "ballot", "lowest_bit", "syncwarp"]
 
 if not SIMULATOR:
     from numba import cuda
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def shfl_xor(value, lane_mask):
         """``value`` from lane ``lane ^ lane_mask`` of the same (fully active) warp."""
         return cuda.shfl_xor_sync(0xFFFFFFFF, value, lane_mask)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def shfl_idx(value, src_lane):
         """``value`` of lane ``src_lane`` (0..31) of the same, fully active warp."""
         return cuda.shfl_sync(0xFFFFFFFF, value, src_lane)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def ballot(pred):
         """int64 with bit i set where lane i's ``pred`` is true (fully active warp)."""
         # Numba types the vote's result as a signed int32: keep the low 32 bits only (lane 31
         # set would otherwise sign-extend into bits 32..63).
         return np.int64(cuda.ballot_sync(0xFFFFFFFF, pred)) & 0xFFFFFFFF
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def lowest_bit(x):
         """Index (0-based) of the lowest set bit of a non-zero 32-bit value ``x`` (int64)."""
         return np.int64(cuda.ffs(np.uint32(x))) - 1
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def syncwarp():
         """Barrier of the (fully active) warp; orders its lanes' shared-memory accesses."""
         cuda.syncwarp(0xFFFFFFFF)

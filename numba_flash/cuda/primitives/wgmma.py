@@ -35,7 +35,7 @@ path there.
 """
 from __future__ import annotations
 
-from .base import SIMULATOR
+from .base import SIMULATOR, inlined
 
 __all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async4_to", "lds_i32x2",
            "sts32", "fence_proxy_async", "wgmma_fence",
@@ -264,7 +264,7 @@ if not SIMULATOR:
     _rs_bf16_64, _rs_bf16_128 = _rs_intrinsic(64, True), _rs_intrinsic(128, True)
 
     # Dispatchers on compile-time constants (n, is_bf16) of the calling kernel, as warp.mma16.
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def wgmma_wait(n, acc):
         """Wait for every committed wgmma group; ``acc`` (n / 2 float32) passes through."""
         if n == 32:
@@ -274,7 +274,7 @@ if not SIMULATOR:
         else:
             _wait64(acc)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def wgmma_wait_keep(keep, acc):
         """Wait until at most ``keep`` (1 or 2) of the latest committed groups are pending;
         ``acc`` (32 float32: an n64 accumulator of one of the completed groups) passes
@@ -284,7 +284,7 @@ if not SIMULATOR:
         else:
             _wait32_2(acc)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def wgmma_ss(is_bf16, n, acc, desc_a, desc_b, scale_d):
         """m64n{n}k16 with A and B in shared memory; n is 64 or 128."""
         if is_bf16:
@@ -298,7 +298,7 @@ if not SIMULATOR:
             else:
                 _ss_f16_128(acc, desc_a, desc_b, scale_d)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def wgmma_ss_mn(is_bf16, n, acc, desc_a, desc_b, scale_d):
         """m64n{n}k16 with A and B in shared memory, both MN-major (A's rows, B's columns
         contiguous: the tiles hold A^T and B as [k][64-element blocks]); n is 32, 64 or 128
@@ -318,7 +318,7 @@ if not SIMULATOR:
             else:
                 _ss_mn_f16_128(acc, desc_a, desc_b, scale_d)
 
-    @cuda.jit(device=True, inline=True)
+    @inlined
     def wgmma_rs(is_bf16, n, acc, a0, a1, a2, a3, desc_b):
         """m64n{n}k16 accumulating, A in registers, B (MN-major) in shared memory."""
         if is_bf16:
