@@ -309,7 +309,8 @@ def test_deterministic_bitwise(dtype_name, tiles):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal,window,sinks,softcap,det", [
     (False, (-1, -1), 0, None, False), (True, (-1, -1), 0, None, True),
-    (False, (100, 30), 4, None, False), (True, (-1, -1), 0, 5.0, False)])
+    (False, (-1, -1), 0, None, True), (False, (100, 30), 4, None, False),
+    (True, (-1, -1), 0, 5.0, False)])
 def test_gpu_sweep(dtype_name, d, causal, window, sinks, softcap, det):
     rng = np.random.default_rng(d)
     run_case(rng, dtype_name, 2, 257, 300, 4, 2, d, causal, window, sinks, softcap,
