@@ -1,7 +1,11 @@
 """Forward + backward GPU time of a few configurations, for an A/B of two source trees in
 alternating processes (kernel changes whose effect is smaller than the spread between runs):
 
-    PYTHONPATH=TREE python scripts/experiments/backward_ab.py --tag A --json a1.json
+    cp -r numba_flash nf_A; cp -r TREE_B/numba_flash nf_B    # then, per round and tree X:
+    rm -rf numba_flash; cp -r nf_X numba_flash; python scripts/experiments/backward_ab.py --tag X --json x1.json
+
+(swap the package folder: the GPU prelude installs this checkout editable, and that finder wins
+over PYTHONPATH, so PYTHONPATH=TREE runs the working tree's code)
 
 fp16 (4, 16, 4096, D), torch tensors; median ms of 7 forward + backward pairs between CUDA
 events after 2 warm-ups.

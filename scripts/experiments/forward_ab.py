@@ -1,8 +1,11 @@
 """GPU time of forward configurations whose machine code a kernel refactor changed, for an A/B
 of two source trees in alternating processes (issue 17's tile-walk helpers):
 
-    PYTHONPATH=TREE_A python scripts/experiments/forward_ab.py --tag A --json a1.json
-    PYTHONPATH=TREE_B python scripts/experiments/forward_ab.py --tag B --json b1.json  ...
+    cp -r numba_flash nf_A; cp -r TREE_B/numba_flash nf_B    # then, per round and tree X:
+    rm -rf numba_flash; cp -r nf_X numba_flash; python scripts/experiments/forward_ab.py --tag X --json x1.json
+
+(swap the package folder: the GPU prelude installs this checkout editable, and that finder wins
+over PYTHONPATH, so PYTHONPATH=TREE runs the working tree's code)
 
 Each configuration: median ms of 20 calls between CUDA events after warm-up (bench_masks.timed), B4 H16 N4096
 (fp32 / fp64: B2 N2048; masks: B2 N8192), torch inputs.
