@@ -216,7 +216,10 @@ def load_query_tile(qs, dos, ls, dls, q, dout, lse, delta, ab, q_off, b, h, r0, 
     load_rowvec(dls, delta, b, h, r0, seqlen_q, tid, nthreads)
 
 
-@inlined
+# load_share, zero and store_share stay inlined by Numba, not NVVM: with all three NVVM-inlined
+# the fp32 / fp64 backward kernels came out ~300 integer instructions (SEL / ISETP / IADD3)
+# longer; Numba-inlining them restores the old machine code (docs/perf-notes.md, "Compile time").
+@cuda.jit(device=True, inline="always")
 def load_share(dst, src, b, row, h, c0, n, ok):
     """This lane's share ``dst[:n] = src[b, row, h, c0:c0 + n]`` (zeros unless ``ok``)."""
     for e in range(n):
@@ -226,7 +229,7 @@ def load_share(dst, src, b, row, h, c0, n, ok):
             dst[e] = 0
 
 
-@inlined
+@cuda.jit(device=True, inline="always")   # see load_share
 def zero(acc, n):
     for e in range(n):
         acc[e] = 0
@@ -282,7 +285,7 @@ def grad_scores(qk, dp, lse_r, delta_r, scale, cap_in, cap_out, has_softcap, bas
     return p, ds
 
 
-@inlined
+@cuda.jit(device=True, inline="always")   # see load_share
 def store_share(dst, b, row, h, c0, acc, factor, n, ok):
     """``dst[b, row, h, c0:c0 + n] = factor * acc[:n]`` if ``ok``."""
     if ok:
