@@ -38,7 +38,8 @@ from numba.cuda import types
 
 from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async,
                           shared_addr, shared_view, sts32, sw128_desc, wgmma_commit, wgmma_fence,
-                          wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait, wgmma_wait_keep)
+                          wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait,
+                          wgmma_wait_keep)
 from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
                        prefetch_stats, probs_grads, query_rows, store_dkdv, store_fragments,
                        tile_kind, zero)
@@ -228,10 +229,8 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
     ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
     assert not (DIRECT and VARLEN)
-    # Deterministic mode (no dQ in this kernel) keeps the serial loop: the pipelined loop with
-    # one group kept in flight (wait_group 1) gave wrong dK on the H200 (2026-11-27; cause not
-    # found, docs/backward.md), with atomic dQ (wait_group 2) it is right.
-    PIPE = pipelined(D) and ATOMIC
+    PIPE = pipelined(D)
+    KEEP = 2 if ATOMIC else 1                      # groups after the next tile's scores
     NBUF, ROWS = (3 if PIPE else 2), _stat_rows(D)
     DS_BYTES = BN * BM * 2                         # bytes of one dS^T tile
     mod = mask_mod_device(mask_mod)
@@ -326,10 +325,11 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 issue_scores(st, dpt, dk_a, dv_a, dq_b + cbu, ddo_b + cbu, KS, BLK_K, BLK_Q, BF16)
                 cbp = np.uint64((((i + 2) % 3 if have else cu) * BUF) >> 4)
                 accumulate_kv(dv, dk, pkp, pkd, ddo_mn + cbp, dq_mn + cbp, DH, BF16)
-                issue_dq(dqa, ds_a + np.uint64((((i + 1) % 2) * DS_BYTES) >> 4), k_b, DQ_STEPS,
-                         DQ_N, BF16)
-                wgmma_wait_keep(2, st)              # tile u's scores; p's products run on
-                wgmma_wait_keep(2, dpt)
+                if ATOMIC:
+                    issue_dq(dqa, ds_a + np.uint64((((i + 1) % 2) * DS_BYTES) >> 4), k_b,
+                             DQ_STEPS, DQ_N, BF16)
+                wgmma_wait_keep(KEEP, st)           # tile u's scores; p's products run on
+                wgmma_wait_keep(KEEP, dpt)
                 if u < end:
                     _, full = tile_kind(KIND, mk_mm, mk_tab, tb, u, ktile, u * BM, BM, k0, BN,
                                         seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl,
@@ -338,16 +338,20 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                                 dls[cu], 0, scale_log2, cap_in, cap_log2, has_softcap, BF16,
                                 full, where, has_left, has_right, has_sinks, KIND, mk_iv,
                                 mk_bits, mod, ALIBI, slope_log2)
-                    store_ds_t(sbase + DS_OFF + (i % 2) * DS_BYTES + own0 * 128, pkd1, lane)
+                    if ATOMIC:
+                        store_ds_t(sbase + DS_OFF + (i % 2) * DS_BYTES + own0 * 128, pkd1, lane)
                 wgmma_wait(DH, dv)
                 wgmma_wait(DH, dk)
+                wgmma_hold(pkp)         # p's A fragments stay put until its products are done
+                wgmma_hold(pkd)
                 if not have:            # the first iteration's products (of no tile) undone
                     zero(dv, ACC_N)
                     zero(dk, ACC_N)
-                wgmma_wait(DQ_N, dqa)
-                if have:
-                    store_fragments(dq_acc, ab, q_off + p * BM + 16 * (warp & 3), h, dqa, scale,
-                                    q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
+                if ATOMIC:
+                    wgmma_wait(DQ_N, dqa)
+                    if have:
+                        store_fragments(dq_acc, ab, q_off + p * BM + 16 * (warp & 3), h, dqa,
+                                        scale, q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
                 copy16(pkp, pkp1)
                 copy16(pkd, pkd1)
                 have = u < end
@@ -387,6 +391,8 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 if SPLIT == 2:  # free the packed P^T / dS^T registers before dQ's accumulators
                     wgmma_wait(DH, dv)
                     wgmma_wait(DH, dk)
+                    wgmma_hold(pkp)
+                    wgmma_hold(pkd)
                 if ATOMIC:
                     fence_proxy_async()     # dS^T (generic stores) visible to wgmma
                     cuda.syncthreads()      # the whole tile's dS^T is in place
@@ -395,6 +401,9 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                                     q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
                 wgmma_wait(DH, dv)
                 wgmma_wait(DH, dk)
+                if SPLIT != 2:
+                    wgmma_hold(pkp)
+                    wgmma_hold(pkd)
                 cur = 1 - cur
                 t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits

@@ -39,7 +39,8 @@ from .base import SIMULATOR, inlined
 
 __all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async4_to", "lds_i32x2",
            "sts32", "fence_proxy_async", "wgmma_fence",
-           "wgmma_commit", "wgmma_wait", "wgmma_wait_keep", "wgmma_ss", "wgmma_ss_mn", "wgmma_rs"]
+           "wgmma_commit", "wgmma_wait", "wgmma_wait_keep", "wgmma_ss", "wgmma_ss_mn", "wgmma_rs",
+           "wgmma_hold"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -252,6 +253,27 @@ if not SIMULATOR:
 
         return rs
 
+    @intrinsic
+    def wgmma_hold(typingctx, frags):
+        """Keep the 16 uint32 of ``frags`` (A fragments of ``wgmma_rs`` products) in their
+        registers up to this point: an empty asm reads and rewrites them. Call it after the
+        ``wgmma_wait`` that retires those products. The hardware reads an A operand from the
+        registers while the product runs, and the PTX ISA leaves writing them before the wait
+        undefined; but for the register allocator the values die at the wgmma's issue, and ptxas
+        reused the registers for the next tile's probabilities while the products still ran
+        (wrong dK in the pipelined loop, 2026-11-27)."""
+        sig = types.void(frags)
+
+        def codegen(context, builder, sig, args):
+            ptrs, vals = _load_all(context, builder, sig.args[0], args[0], 16)
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 16), [_I32] * 16)
+            cons = ",".join(["=r"] * 16 + [str(i) for i in range(16)])
+            res = builder.call(ir.InlineAsm(fnty, "// wgmma_hold", cons, side_effect=True), vals)
+            _store_all(builder, ptrs, res, 16)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     _wait16, _wait32, _wait64 = _wait_intrinsic(16), _wait_intrinsic(32), _wait_intrinsic(64)
     _wait32_1, _wait32_2 = _wait_intrinsic(32, 1), _wait_intrinsic(32, 2)
     _ss_f16_64, _ss_f16_128 = _ss_intrinsic(64, False), _ss_intrinsic(128, False)
@@ -339,3 +361,4 @@ else:
     shared_addr = sw128_desc = cp_async16_to = cp_async4_to = lds_i32x2 = sts32 = _unavailable
     fence_proxy_async = _unavailable
     wgmma_fence = wgmma_commit = wgmma_wait = wgmma_wait_keep = wgmma_ss = wgmma_ss_mn = wgmma_rs = _unavailable
+    wgmma_hold = _unavailable
