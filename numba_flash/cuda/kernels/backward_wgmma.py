@@ -229,8 +229,10 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
     ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
     assert not (DIRECT and VARLEN)
-    PIPE = pipelined(D)
-    KEEP = 2 if ATOMIC else 1                      # groups after the next tile's scores
+    # Deterministic mode (no dQ product in this kernel) keeps the serial loop: pipelined, it
+    # gave NaN dK without the causal flag on the H200 (2026-11-27, after wgmma_hold fixed the
+    # causal case; cause not found, docs/backward.md).
+    PIPE = pipelined(D) and ATOMIC
     NBUF, ROWS = (3 if PIPE else 2), _stat_rows(D)
     DS_BYTES = BN * BM * 2                         # bytes of one dS^T tile
     mod = mask_mod_device(mask_mod)
@@ -325,11 +327,10 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 issue_scores(st, dpt, dk_a, dv_a, dq_b + cbu, ddo_b + cbu, KS, BLK_K, BLK_Q, BF16)
                 cbp = np.uint64((((i + 2) % 3 if have else cu) * BUF) >> 4)
                 accumulate_kv(dv, dk, pkp, pkd, ddo_mn + cbp, dq_mn + cbp, DH, BF16)
-                if ATOMIC:
-                    issue_dq(dqa, ds_a + np.uint64((((i + 1) % 2) * DS_BYTES) >> 4), k_b,
-                             DQ_STEPS, DQ_N, BF16)
-                wgmma_wait_keep(KEEP, st)           # tile u's scores; p's products run on
-                wgmma_wait_keep(KEEP, dpt)
+                issue_dq(dqa, ds_a + np.uint64((((i + 1) % 2) * DS_BYTES) >> 4), k_b, DQ_STEPS,
+                         DQ_N, BF16)
+                wgmma_wait_keep(2, st)              # tile u's scores; p's products run on
+                wgmma_wait_keep(2, dpt)
                 if u < end:
                     _, full = tile_kind(KIND, mk_mm, mk_tab, tb, u, ktile, u * BM, BM, k0, BN,
                                         seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl,
@@ -338,8 +339,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                                 dls[cu], 0, scale_log2, cap_in, cap_log2, has_softcap, BF16,
                                 full, where, has_left, has_right, has_sinks, KIND, mk_iv,
                                 mk_bits, mod, ALIBI, slope_log2)
-                    if ATOMIC:
-                        store_ds_t(sbase + DS_OFF + (i % 2) * DS_BYTES + own0 * 128, pkd1, lane)
+                    store_ds_t(sbase + DS_OFF + (i % 2) * DS_BYTES + own0 * 128, pkd1, lane)
                 wgmma_wait(DH, dv)
                 wgmma_wait(DH, dk)
                 wgmma_hold(pkp)         # p's A fragments stay put until its products are done
@@ -347,11 +347,10 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 if not have:            # the first iteration's products (of no tile) undone
                     zero(dv, ACC_N)
                     zero(dk, ACC_N)
-                if ATOMIC:
-                    wgmma_wait(DQ_N, dqa)
-                    if have:
-                        store_fragments(dq_acc, ab, q_off + p * BM + 16 * (warp & 3), h, dqa,
-                                        scale, q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
+                wgmma_wait(DQ_N, dqa)
+                if have:
+                    store_fragments(dq_acc, ab, q_off + p * BM + 16 * (warp & 3), h, dqa, scale,
+                                    q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
                 copy16(pkp, pkp1)
                 copy16(pkd, pkd1)
                 have = u < end
