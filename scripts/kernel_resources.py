@@ -77,6 +77,33 @@ def loop_spills(sass: str):
             sum(bool(re.search(r"\bSTL\b", t)) for t in inside))
 
 
+def a_operand_overwrites(sass: str) -> int:
+    """Instructions that write a register an in-flight wgmma still reads as its A operand: for
+    each ``HGMMA ... Rd, Ra, gdesc...`` (A from registers Ra..Ra+3), the writes to those
+    registers that follow it in address order before the next ``WARPGROUP.DEPBAR.LE gsb0,
+    0x0`` (the wait retiring every group). The PTX ISA leaves such a write undefined and ptxas
+    does not prevent it (docs/perf-notes.md, wgmma_hold); 0 expected."""
+    held, count = set(), 0
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+        if not m:
+            continue
+        text = re.sub(r"^@!?U?P[0-9T]+\s+", "", m.group(1))
+        if text.startswith("WARPGROUP.DEPBAR.LE") and text.endswith("0x0"):
+            held.clear()
+            continue
+        a = re.match(r"HGMMA\S*\s+R\d+,\s+R(\d+),\s+gdesc", text)
+        if a:
+            held.update(range(int(a.group(1)), int(a.group(1)) + 4))
+            continue
+        dst = re.match(r"[A-Z][A-Z0-9.]*\s+R(\d+)\b", text)
+        if dst and held and not text.startswith(("ST", "RED", "ATOM", "HGMMA")):
+            width = 2 if re.match(r"\S*(\.64|\.WIDE)\b", text) else 4 if ".128" in text.split()[0] else 1
+            if held & set(range(int(dst.group(1)), int(dst.group(1)) + width)):
+                count += 1
+    return count
+
+
 @contextlib.contextmanager
 def _offline_device(cc):
     """Numba compiles each device function a kernel calls for the current device's compute
@@ -113,7 +140,8 @@ def report(py_func, signature, cc=(9, 0)) -> dict:
     return dict(regs=grab(r"Used (\d+) registers"), spill_stores=grab(r"(\d+) bytes spill stores"),
                 spill_loads=grab(r"(\d+) bytes spill loads"), smem=grab(r"(\d+) bytes smem"),
                 ldl_stl_in_loops=loop_spills(sass), n_hmma=sass.count("HMMA"),
-                n_ldl=len(re.findall(r"\bLDL\b", sass)), sass=sass, ptxas_info=info)
+                n_ldl=len(re.findall(r"\bLDL\b", sass)), sass=sass, ptxas_info=info,
+                a_overwrites=a_operand_overwrites(sass))
 
 
 def forward_signature(half: bool, f64: bool = False, layout: str = "C"):
