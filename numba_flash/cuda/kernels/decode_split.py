@@ -4,7 +4,6 @@ contiguous or paged cache. Flags named ``has_*`` / ``paged`` are compile-time co
 calling kernel."""
 from __future__ import annotations
 
-from numba import cuda
 from ..primitives.base import inlined
 
 __all__ = ["split_keys", "cache_slot", "window_visible_decode"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
 
 from ..primitives import (cp_async4_to, cp_async16, cp_async16_to, cp_async_commit, exp2,
                           lds_i32x2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shared_addr,

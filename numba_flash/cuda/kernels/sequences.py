@@ -3,7 +3,6 @@ no offsets a caller passes can move a kernel out of bounds, and the output rows 
 computes (cleared by the kernels themselves, so the outputs need no fill before the launch)."""
 from __future__ import annotations
 
-from numba import cuda
 from ..primitives.base import inlined
 
 __all__ = ["packed_sequence", "clear_unowned_rows"]

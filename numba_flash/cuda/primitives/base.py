@@ -21,7 +21,6 @@ __all__ = ["SIMULATOR", "inlined", "item_pointer_i64", "offset_pointer_i64", "sh
            "TO_SHARED", "bare_asm_intrinsic", "collective"]
 
 
-
 def inlined(func):
     """``func`` as a device function that NVVM inlines into every caller (LLVM's
     ``alwaysinline``), so the kernel keeps its tiles in registers. Not Numba's IR-level

@@ -73,7 +73,6 @@ else:
 
 
 if not SIMULATOR:
-    from numba import cuda
 
     from .cp_async import cp_async16_at
 

@@ -25,7 +25,6 @@ __all__ = ["mma_f16", "mma_bf16", "mma16", "pack_f16", "pack_bf16", "pack16"]
 
 if not SIMULATOR:
     from llvmlite import ir
-    from numba import cuda
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 

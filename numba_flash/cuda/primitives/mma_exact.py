@@ -89,7 +89,6 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    from numba import cuda
 
     @inlined
     def split_tf32(x):

@@ -80,7 +80,6 @@ else:
 
 
 if not SIMULATOR:
-    from numba import cuda
 
     @inlined
     def unpack16(is_bf16, word):

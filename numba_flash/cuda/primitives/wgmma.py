@@ -44,7 +44,6 @@ __all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async4_to", "lds_i3
 
 if not SIMULATOR:
     from llvmlite import ir
-    from numba import cuda
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
