@@ -404,12 +404,12 @@ def test_wgmma_dkdv_compiles_offline():
     """The sm_90 dK / dV kernel (kernels/backward_wgmma.py; the simulator cannot run wgmma)
     assembles with every product on warpgroup instructions and no local memory: per query tile
     S^T and dP^T (head_dim / 16 k-steps each), dV and dK (4 each), dQ (one per 16 of the
-    block's keys: 8 at head_dim 64 / 128, 4 at 256), and none of them serialised by ptxas
-    (head_dim 64: the pipelined loop), and no register that an in-flight product reads as its
-    A operand written before the wait that retires it (wgmma_hold). Three configurations, one
-    per loop (~10 s of compiling each: CI runs this where the NVIDIA wheels bring NVVM and
-    ptxas; skipped where they are missing); scripts/sass_snapshot_backward.py has the wider
-    set."""
+    block's keys: 8 at head_dim 64 / 128, 4 at 256), and none of them serialised by ptxas, and
+    no register that an in-flight product reads as its A operand written before the wait that
+    retires it. Three configurations (~10 s of compiling each: CI runs this where the NVIDIA
+    wheels bring NVVM and ptxas; skipped where they are missing);
+    scripts/sass_snapshot_backward.py has the wider set. The register allocation depends on the
+    ptxas release: what the GPU runs is checked by test_runtime_wgmma_kernels_keep_a_operands."""
     from offline_sass import run_offline
 
     lines = run_offline(
@@ -426,3 +426,60 @@ def test_wgmma_dkdv_compiles_offline():
         "    print(r['sass'].count('HGMMA'), r['n_ldl'], r['spill_stores'],\n"
         "          'serialized' in r['ptxas_info'], r['a_overwrites'])\n")
     assert lines == ["32 0 0 False 0", "24 0 0 False 0", "44 0 0 False 0"], lines
+
+
+def _runtime_cubins(dispatcher):
+    """The cubins the runtime launches for ``dispatcher``: compiled in this process (Numba's,
+    linked by this machine's nvJitLink or driver) or loaded from their image on disk."""
+    from numba_flash.cuda.launch import driver
+
+    cubins = [c._codelibrary.get_cubin() for c in dispatcher.overloads.values()]
+    cubins += [loaded.module for (owner, _, _), loaded in driver._LOADED.items()
+               if owner == id(dispatcher)]
+    return [getattr(c, "code", c) for c in cubins]
+
+
+@gpu
+def test_runtime_wgmma_kernels_keep_a_operands():
+    """The sm_90 dK / dV kernels as the GPU runs them never write a register that an in-flight
+    product reads as its A operand (kernel_resources.a_operand_overwrites on the launched
+    cubin). The offline test cannot stand for this: the lent H200s link with ptxas 13.0,
+    whose allocation reused such registers in a loop where ptxas 13.5's did not (the pipelined
+    head_dim 64 loop, removed 2026-11-27: 81-84 writes, wrong dK in deterministic mode)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    cp = pytest.importorskip("cupy")
+    import numba_flash
+    from numba_flash.cuda.launch import attention as runtime, backward as lb
+
+    if not runtime.wgmma_device():
+        pytest.skip("needs a compute-capability 9.0 GPU (wgmma)")
+    sys.path.insert(0, "scripts")
+    import kernel_resources as kr
+
+    try:
+        cuobjdump = kr._tool("cuobjdump")
+    except SystemExit:
+        pytest.skip("cuobjdump not available")
+    rng = np.random.default_rng(3)
+    for d in (64, 128, 256):
+        for causal, det in ((False, False), (True, False), (False, True), (True, True)):
+            q, k, v, do = (cp.asarray(rng.standard_normal((1, 200, 2, d)).astype(np.float16))
+                           for _ in range(4))
+            out, lse = numba_flash.attention(q, k, v, causal=causal, return_lse=True)
+            numba_flash.attention_backward(do, q, k, v, out, lse, causal=causal,
+                                           deterministic=det)
+    scanned = {}
+    for key, kern in lb._KERNELS.items():
+        for cubin in _runtime_cubins(kern):
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(cubin)
+                f.flush()
+                sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True,
+                                      text=True, check=True).stdout
+            if "HGMMA" in sass:
+                scanned[str(key)] = kr.a_operand_overwrites(sass)
+    assert len(scanned) >= 12, scanned          # 3 head dims x (atomic, deterministic) x causal
+    assert all(n == 0 for n in scanned.values()), scanned

@@ -266,9 +266,10 @@ def test_geometry_and_split_heuristic():
     assert auto_num_splits(blocks=1024, keys=4096, sm_count=132) == 1
     assert auto_num_splits(blocks=1, keys=300, sm_count=132) == 1       # too few keys to split
     assert auto_num_splits(blocks=1, keys=10**6, sm_count=132) == 128
-    # tensor-core kernel: one warp per unit, ~3 warps per SM, 4 for short splits
+    # tensor-core kernel: one warp per unit, the count nearest 3 warps per SM, 4 for short splits
     assert auto_num_splits_mma(units=64, keys=32768, sm_count=132) == 6
-    assert auto_num_splits_mma(units=8, keys=131072, sm_count=132) == 49
+    assert auto_num_splits_mma(units=8, keys=131072, sm_count=132) == 50    # 49.5 rounds up
+    assert auto_num_splits_mma(units=256, keys=2048, sm_count=132) == 2     # 1.55 -> 2
     assert auto_num_splits_mma(units=32, keys=8192, sm_count=132) == 16    # 683 keys < 1024
     assert auto_num_splits_mma(units=32, keys=8192, sm_count=132, short_keys=0) == 12
     assert auto_num_splits_mma(units=8, keys=131072, sm_count=132, warps_per_sm=8,

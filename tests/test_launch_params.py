@@ -2,8 +2,8 @@
 
 ``LaunchPlan`` (numba_flash/cuda/launch/driver.py) lays out Numba's flattened kernel
 arguments (an array: meminfo, parent, size, itemsize, data, shape..., strides...; scalars as
-int64 / float32 / float64 bits) in one 8-byte slot each and writes only the caller arrays' data
-pointers per call. Here libcuda is replaced by a recorder, so the block and the launch
+int64 / float32 / float64 bits) in one packed buffer at the driver's offsets and writes only
+the caller arrays' data pointers per call. Here libcuda is replaced by a recorder, so the block and the launch
 arguments are compared with the layout written out by hand, and the memsets that clear a packed
 varlen batch's outputs are checked for their place (the launch's stream, before it) and values.
 """
@@ -28,17 +28,19 @@ class _Recorder:
 
     def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):  # noqa: N802
         gx, gy, gz, bx, by, bz, smem = (_value(x) for x in (gx, gy, gz, bx, by, bz, smem))
+        assert argv is None
         self.calls.append(("plain", _value(func), (gx, gy, gz), (bx, by, bz), smem,
-                           _value(stream), argv))
+                           _value(stream), _buffer(extra)))
         return 0
 
     def cuLaunchKernelEx(self, config, func, argv, extra):  # noqa: N802
         func = _value(func)
         cfg = ctypes.cast(config, ctypes.POINTER(driver._LaunchConfig)).contents \
             if isinstance(config, int) else config._obj
+        assert argv is None
         self.calls.append(("ex", func, (cfg.grid_x, cfg.grid_y, cfg.grid_z), cfg.block_x,
                            cfg.smem, cfg.stream, cfg.num_attrs, cfg.attrs[0].id,
-                           cfg.attrs[0].value, argv))
+                           cfg.attrs[0].value, _buffer(extra)))
         return 0
 
     def cuMemsetD32Async(self, ptr, word, count, stream):  # noqa: N802
@@ -55,6 +57,30 @@ def _value(x):
     return getattr(x, "value", x)
 
 
+def _buffer(extra):
+    """The parameter bytes cuLaunchKernel's ``extra`` names (BUFFER_POINTER, pointer,
+    BUFFER_SIZE, pointer to the size, END), as the driver reads them; None for no extra."""
+    if extra is None:
+        return None
+    assert (extra[0], extra[2], extra[4]) == (1, 2, None)
+    size = ctypes.c_size_t.from_address(extra[3]).value
+    return ctypes.string_at(extra[1], size)
+
+
+def _natural_layout(function, count):
+    """Stands for cuFuncGetParamInfo: the plan's recorded sizes at their natural alignment,
+    as nvcc and NVVM lay out kernel parameters."""
+    layout, offset = [], 0
+    for size in _SIZES[:count]:
+        offset = -(-offset // size) * size
+        layout.append((offset, size))
+        offset += size
+    return layout
+
+
+_SIZES: list = []
+
+
 class _Func:
     handle = 0xABC
 
@@ -66,7 +92,16 @@ def recorder(monkeypatch):
         "lib": rec, "launch": lambda *args: rec.cuLaunchKernel(*args),
         "launch_ex": lambda *args: rec.cuLaunchKernelEx(*args),
         "memset32": lambda *args: rec.cuMemsetD32Async(*args),
-        "memset2d32": lambda *args: rec.cuMemsetD2D32Async(*args)})
+        "memset2d32": lambda *args: rec.cuMemsetD2D32Async(*args),
+        "function": lambda handle: handle + 1, "param_layout": _natural_layout})
+    real = driver._flat_values
+
+    def recording(params):        # the sizes the stand-in driver lays out
+        values, pointers = real(params)
+        _SIZES[:] = [size for size, _ in values]
+        return values, pointers
+
+    monkeypatch.setattr(driver, "_flat_values", recording)
     return rec
 
 
@@ -85,12 +120,32 @@ def test_parameter_block_layout(recorder):
     f64 = struct.unpack("<Q", struct.pack("<d", -2.0))[0]
     assert _words(plan) == [0, 0, 2 * 200 * 4 * 32, 4, 0, 2, 200, 4, 32, 102400, 512, 128, 4,
                             0, 0, 1, 4, 0, 1, 1, 1, 4, 4, 4,
-                            2 ** 64 - 1, f32, f64,
+                            2 ** 64 - 1, f32, f64,       # float32: 4 bytes, then 4 of padding
                             0, 0, 15, 4, 0x7000, 3, 5, 20, 4]
     assert plan.slots == [4]
     assert q.numba_type == types.Array(types.uint32, 4, "C")
     assert ArrayParam(types.uint32, (2, 3), (4, 32), 4).numba_type.layout == "A"   # transposed
     assert ArrayParam(types.float32, (1, 3), (999, 4), 4).numba_type.layout == "C"  # size-1 axis
+
+
+def test_float32_parameters_pack_at_the_drivers_offsets(recorder):
+    """Two float32 scalars share one 8-byte word; the array after them starts at the next word
+    (the driver's layout, here natural alignment); the launch hands the driver exactly the
+    parameter bytes."""
+    params = [ScalarParam(types.float32, 1.0), ScalarParam(types.float32, -3.0),
+              ArrayParam(types.float32, (4,), (4,), 4), ScalarParam(types.float32, 2.0)]
+    plan = LaunchPlan(_Func(), params, (1,), 32)
+    plan.launch([0x1234], stream=3)
+    expected = struct.pack("<ff", 1.0, -3.0) + struct.pack("<7q", 0, 0, 4, 4, 0x1234, 4, 4) + \
+        struct.pack("<f", 2.0)
+    assert recorder.calls[-1][-1] == expected
+    assert plan.slots == [1 + 4]
+
+
+def test_a_layout_the_plan_does_not_match_raises(recorder, monkeypatch):
+    monkeypatch.setitem(driver._DRIVER, "param_layout", lambda function, count: [(0, 4)])
+    with pytest.raises(driver.LaunchError, match="driver expects 4 bytes, the plan holds 8"):
+        LaunchPlan(_Func(), [ScalarParam(types.int64, 1)], (1,), 32)
 
 
 def test_launch_writes_pointers_and_pads_the_grid(recorder):
@@ -100,20 +155,19 @@ def test_launch_writes_pointers_and_pads_the_grid(recorder):
     plan.launch([0x1000, 0x2000], stream=77)
     plan.launch([0x3000, 0x4000], stream=78)
     assert _words(plan)[4] == 0x3000 and _words(plan)[4 + 7] == 0x4000
-    kind, func, grid, block, smem, stream, argv = recorder.calls[-1]
-    assert (kind, func, grid, block, smem, stream) == ("plain", 0xABC, (5, 1, 1), (64, 1, 1), 0,
-                                                       78)
-    base = ctypes.addressof(plan.values)
-    assert [argv[i] for i in range(len(plan.values))] == \
-        [base + 8 * i for i in range(len(plan.values))]
+    kind, func, grid, block, smem, stream, buffer = recorder.calls[-1]
+    assert (kind, func, grid, block, smem, stream) == ("plain", 0xABD, (5, 1, 1), (64, 1, 1), 0,
+                                                       78)     # the context's CUfunction
+    assert buffer == bytes(plan.values)
 
 
 def test_programmatic_dependent_launch_sets_the_attribute(recorder):
     plan = LaunchPlan(_Func(), [ScalarParam(types.int64, 1)], (3, 2, 1), 32, smem=4096, pdl=True)
     plan.launch([], stream=5)
-    kind, func, grid, block, smem, stream, n_attrs, attr_id, value, _ = recorder.calls[-1]
-    assert (kind, func, grid, block, smem, stream) == ("ex", 0xABC, (3, 2, 1), 32, 4096, 5)
+    kind, func, grid, block, smem, stream, n_attrs, attr_id, value, buffer = recorder.calls[-1]
+    assert (kind, func, grid, block, smem, stream) == ("ex", 0xABD, (3, 2, 1), 32, 4096, 5)
     assert (n_attrs, attr_id, value) == (1, 6, 1)   # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert buffer == struct.pack("<q", 1)
 
 
 def test_a_failed_launch_raises(recorder, monkeypatch):

@@ -8,7 +8,8 @@ of two source trees in alternating processes (issue 17's tile-walk helpers):
 over PYTHONPATH, so PYTHONPATH=TREE runs the working tree's code)
 
 Each configuration: median ms of 20 calls between CUDA events after warm-up (bench_masks.timed), B4 H16 N4096
-(fp32 / fp64: B2 N2048; masks: B2 N8192), torch inputs.
+(fp32 / fp64: B2 N2048; masks: B2 N8192; and fp16 hd128 N1024 at B4 / B16, 50 calls), torch
+inputs.
 """
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ def main():
         q, k, v = inputs(b, n, 16, d, dtype)
         rows[f"{name}_causal"] = timed(lambda: numba_flash.attention(q, k, v, causal=True), 20)
         rows[f"{name}_full"] = timed(lambda: numba_flash.attention(q, k, v), 20)
+        del q, k, v
+    for b in (4, 16):       # short sequences: the grid's order decides the causal tail
+        q, k, v = inputs(b, 1024, 16, 128, torch.float16)
+        rows[f"float16_d128_n1024_b{b}_causal"] = timed(
+            lambda: numba_flash.attention(q, k, v, causal=True), 50)
+        rows[f"float16_d128_n1024_b{b}_full"] = timed(lambda: numba_flash.attention(q, k, v), 50)
         del q, k, v
     q, k, v = inputs(2, 8192, 16, 128, torch.bfloat16)
     docs = masks.document([1000, 3000, 192, 4000])

@@ -38,8 +38,7 @@ from numba.cuda import types
 
 from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async,
                           shared_addr, shared_view, sts32, sw128_desc, wgmma_commit, wgmma_fence,
-                          wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait,
-                          wgmma_wait_keep)
+                          wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait)
 from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
                        prefetch_stats, probs_grads, query_rows, store_dkdv, store_fragments,
                        tile_kind, zero)
@@ -54,6 +53,7 @@ __all__ = ["WG_BWD_HEAD_DIMS", "WG_BWD_THREADS", "WG_BWD_BLOCK_M", "wgmma_block_
 WG_BWD_HEAD_DIMS = (64, 128, 256)
 WG_BWD_THREADS = 256
 WG_BWD_BLOCK_M = 64         # rows per streamed query tile
+STAT_ROWS = 2               # query tiles in flight: rows of the shared lse / delta tiles
 
 
 def wgmma_split(head_dim: int) -> int:
@@ -69,18 +69,11 @@ def wgmma_block_n(head_dim: int) -> int:
     return 128 // wgmma_split(head_dim)
 
 
-def pipelined(head_dim: int) -> bool:
-    """Whether the kernel overlaps each query tile's dV / dK / dQ products with the next
-    tile's probabilities (head_dim 64, where the registers allow a second set of packed P^T /
-    dS^T): three Q / dO buffers and two dS^T tiles."""
-    return head_dim == 64
-
-
 def _tile_bytes(head_dim: int) -> tuple:
     """Byte offsets, from the aligned base, of K, V, the Q and dO buffers and the dS^T
     tile(s), and the total."""
     bn = wgmma_block_n(head_dim)
-    nbuf, nds = (3, 2) if pipelined(head_dim) else (2, 1)
+    nbuf, nds = 2, 1
     kv = bn * head_dim * 2
     qd = nbuf * WG_BWD_BLOCK_M * head_dim * 2
     k_off, v_off = 0, kv
@@ -89,15 +82,10 @@ def _tile_bytes(head_dim: int) -> tuple:
     return k_off, v_off, q_off, do_off, ds_off, ds_off + nds * bn * WG_BWD_BLOCK_M * 2
 
 
-def _stat_rows(head_dim: int) -> int:
-    """Rows (query tiles in flight) of the shared lse / delta tiles."""
-    return 3 if pipelined(head_dim) else 2
-
-
 def wgmma_dkdv_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of the kernel: the stats (2 x rows x 64 floats), 1024 bytes of
     alignment slack, the tiles (head_dim 64: 113 KB; 128: 149.5 KB; 256: 201 KB)."""
-    return 2 * _stat_rows(head_dim) * WG_BWD_BLOCK_M * 4 + 1024 + _tile_bytes(head_dim)[-1]
+    return 2 * STAT_ROWS * WG_BWD_BLOCK_M * 4 + 1024 + _tile_bytes(head_dim)[-1]
 
 
 @inlined
@@ -194,13 +182,6 @@ def dq_product(dqa, ds_a, k_b, steps, n, bf16):
     wgmma_wait(n, dqa)
 
 
-@inlined
-def copy16(dst, src):
-    """dst[:16] = src[:16] (registers)."""
-    for i in range(16):
-        dst[i] = src[i]
-
-
 def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                            has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                            mask_kind: int = NONE, mask_mod=None, has_alibi: bool = False,
@@ -229,12 +210,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
     ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
     assert not (DIRECT and VARLEN)
-    # Deterministic mode (no dQ product in this kernel) keeps the serial loop: pipelined, it
-    # gave NaN dK without the causal flag on the H200 (2026-11-27, after wgmma_hold fixed the
-    # causal case; cause not found, docs/backward.md).
-    PIPE = pipelined(D) and ATOMIC
-    NBUF, ROWS = (3 if PIPE else 2), _stat_rows(D)
-    DS_BYTES = BN * BM * 2                         # bytes of one dS^T tile
+    ROWS = STAT_ROWS
     mod = mask_mod_device(mask_mod)
     u32, f32 = types.uint32, types.float32
 
@@ -297,114 +273,50 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                                 dout, lse2, delta, ab, q_off, b, h, t * BM, seqlen_q, cp_row,
                                 cp_part, tid, Q_PASSES, NSEG, BLK_Q)
         cp_async_commit()
-        if PIPE:
-            # Software pipeline: iteration i computes the probabilities of query tile u (the
-            # i-th visited) while the tensor cores run the dV / dK / dQ products of tile p
-            # (the one before, ``have``). Q / dO rotate over three buffers (i - 1: products,
-            # i: scores, i + 1: in flight), dS^T over two.
-            pkp1 = cuda.local.array(16, u32)
-            pkd1 = cuda.local.array(16, u32)
-            u, p, have, i = t, t, False, 0
-            u1 = next_query_tile(u + 1, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN,
-                                 seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
-                                 sinks) if u < end else end
-            while u < end or have:
-                cp_async_wait_all()     # tile u has landed
-                fence_proxy_async()     # and tile p's dS^T (generic stores) is visible to wgmma
-                cuda.syncthreads()      # every warp is done with tile i - 2's buffers
-                cu, cn = i % 3, (i + 1) % 3
-                if u1 < end:
-                    prefetch_query_tile(ls, dls, cn, sbase + Q_OFF + cn * BUF + cp_dst,
-                                        sbase + DO_OFF + cn * BUF + cp_dst, q, dout, lse2, delta,
-                                        ab, q_off, b, h, u1 * BM, seqlen_q, cp_row, cp_part, tid,
-                                        Q_PASSES, NSEG, BLK_Q)
-                cp_async_commit()
-                # Every product is issued on every iteration (ptxas serialises wgmma reached
-                # through a branch it cannot prove uniform): the first iteration's products
-                # (of unset pkp / pkd, on tile u's buffer) are undone, the last one's scores
-                # go unused.
-                cbu = np.uint64((cu * BUF) >> 4)
-                issue_scores(st, dpt, dk_a, dv_a, dq_b + cbu, ddo_b + cbu, KS, BLK_K, BLK_Q, BF16)
-                cbp = np.uint64((((i + 2) % 3 if have else cu) * BUF) >> 4)
-                accumulate_kv(dv, dk, pkp, pkd, ddo_mn + cbp, dq_mn + cbp, DH, BF16)
-                issue_dq(dqa, ds_a + np.uint64((((i + 1) % 2) * DS_BYTES) >> 4), k_b, DQ_STEPS,
-                         DQ_N, BF16)
-                wgmma_wait_keep(2, st)              # tile u's scores; p's products run on
-                wgmma_wait_keep(2, dpt)
-                if u < end:
-                    _, full = tile_kind(KIND, mk_mm, mk_tab, tb, u, ktile, u * BM, BM, k0, BN,
-                                        seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl,
-                                        wr, sinks)
-                    probs_grads(st, dpt, pkp1, pkd1, 8, lane, True, own0, u * BM, k0, ls[cu],
-                                dls[cu], 0, scale_log2, cap_in, cap_log2, has_softcap, BF16,
-                                full, where, has_left, has_right, has_sinks, KIND, mk_iv,
-                                mk_bits, mod, ALIBI, slope_log2)
-                    store_ds_t(sbase + DS_OFF + (i % 2) * DS_BYTES + own0 * 128, pkd1, lane)
+        cur = 0
+        while t < end:
+            nxt = next_query_tile(t + 1, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN,
+                                  seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
+                                  sinks)
+            cp_async_wait_all()
+            fence_proxy_async()     # the copies' bytes visible to wgmma (the async proxy)
+            cuda.syncthreads()      # tile t has landed; every warp is done with buffer 1 - cur
+            if nxt < end:
+                nb = (1 - cur) * BUF + cp_dst
+                prefetch_query_tile(ls, dls, 1 - cur, sbase + Q_OFF + nb, sbase + DO_OFF + nb,
+                                    q, dout, lse2, delta, ab, q_off, b, h, nxt * BM, seqlen_q,
+                                    cp_row, cp_part, tid, Q_PASSES, NSEG, BLK_Q)
+            cp_async_commit()
+            r0 = t * BM
+            _, full = tile_kind(KIND, mk_mm, mk_tab, tb, t, ktile, r0, BM, k0, BN, seqlen_q,
+                                seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
+            cb = np.uint64((cur * BUF) >> 4)
+            scores_t(st, dpt, dk_a, dv_a, dq_b + cb, ddo_b + cb, KS, BLK_K, BLK_Q, BF16)
+            probs_grads(st, dpt, pkp, pkd, 8, lane, True, own0, r0, k0, ls[cur], dls[cur], 0,
+                        scale_log2, cap_in, cap_log2, has_softcap, BF16, full, where,
+                        has_left, has_right, has_sinks, KIND, mk_iv, mk_bits, mod, ALIBI,
+                        slope_log2)
+            if ATOMIC and (SPLIT == 1 or wg == 0):      # one copy of each key's dS^T
+                store_ds_t(sbase + DS_OFF + own0 * 128, pkd, lane)
+            accumulate_kv(dv, dk, pkp, pkd, ddo_mn + cb, dq_mn + cb, DH, BF16)
+            if SPLIT == 2:  # free the packed P^T / dS^T registers before dQ's accumulators
                 wgmma_wait(DH, dv)
                 wgmma_wait(DH, dk)
-                wgmma_hold(pkp)         # p's A fragments stay put until its products are done
+                wgmma_hold(pkp)
                 wgmma_hold(pkd)
-                if not have:            # the first iteration's products (of no tile) undone
-                    zero(dv, ACC_N)
-                    zero(dk, ACC_N)
-                wgmma_wait(DQ_N, dqa)
-                if have:
-                    store_fragments(dq_acc, ab, q_off + p * BM + 16 * (warp & 3), h, dqa, scale,
-                                    q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
-                copy16(pkp, pkp1)
-                copy16(pkd, pkd1)
-                have = u < end
-                p = u
-                u = u1
-                u1 = next_query_tile(u1 + 1, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN,
-                                     seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl,
-                                     wr, sinks) if u1 < end else end
-                i += 1
-        else:
-            cur = 0
-            while t < end:
-                nxt = next_query_tile(t + 1, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN,
-                                      seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
-                                      sinks)
-                cp_async_wait_all()
-                fence_proxy_async()     # the copies' bytes visible to wgmma (the async proxy)
-                cuda.syncthreads()      # tile t has landed; every warp is done with buffer 1 - cur
-                if nxt < end:
-                    nb = (1 - cur) * BUF + cp_dst
-                    prefetch_query_tile(ls, dls, 1 - cur, sbase + Q_OFF + nb, sbase + DO_OFF + nb,
-                                        q, dout, lse2, delta, ab, q_off, b, h, nxt * BM, seqlen_q,
-                                        cp_row, cp_part, tid, Q_PASSES, NSEG, BLK_Q)
-                cp_async_commit()
-                r0 = t * BM
-                _, full = tile_kind(KIND, mk_mm, mk_tab, tb, t, ktile, r0, BM, k0, BN, seqlen_q,
-                                    seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
-                cb = np.uint64((cur * BUF) >> 4)
-                scores_t(st, dpt, dk_a, dv_a, dq_b + cb, ddo_b + cb, KS, BLK_K, BLK_Q, BF16)
-                probs_grads(st, dpt, pkp, pkd, 8, lane, True, own0, r0, k0, ls[cur], dls[cur], 0,
-                            scale_log2, cap_in, cap_log2, has_softcap, BF16, full, where,
-                            has_left, has_right, has_sinks, KIND, mk_iv, mk_bits, mod, ALIBI,
-                            slope_log2)
-                if ATOMIC and (SPLIT == 1 or wg == 0):      # one copy of each key's dS^T
-                    store_ds_t(sbase + DS_OFF + own0 * 128, pkd, lane)
-                accumulate_kv(dv, dk, pkp, pkd, ddo_mn + cb, dq_mn + cb, DH, BF16)
-                if SPLIT == 2:  # free the packed P^T / dS^T registers before dQ's accumulators
-                    wgmma_wait(DH, dv)
-                    wgmma_wait(DH, dk)
-                    wgmma_hold(pkp)
-                    wgmma_hold(pkd)
-                if ATOMIC:
-                    fence_proxy_async()     # dS^T (generic stores) visible to wgmma
-                    cuda.syncthreads()      # the whole tile's dS^T is in place
-                    dq_product(dqa, ds_a, k_b, DQ_STEPS, DQ_N, BF16)
-                    store_fragments(dq_acc, ab, q_off + r0 + 16 * (warp & 3), h, dqa, scale,
-                                    q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
-                wgmma_wait(DH, dv)
-                wgmma_wait(DH, dk)
-                if SPLIT != 2:
-                    wgmma_hold(pkp)
-                    wgmma_hold(pkd)
-                cur = 1 - cur
-                t = nxt
+            if ATOMIC:
+                fence_proxy_async()     # dS^T (generic stores) visible to wgmma
+                cuda.syncthreads()      # the whole tile's dS^T is in place
+                dq_product(dqa, ds_a, k_b, DQ_STEPS, DQ_N, BF16)
+                store_fragments(dq_acc, ab, q_off + r0 + 16 * (warp & 3), h, dqa, scale,
+                                q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
+            wgmma_wait(DH, dv)
+            wgmma_wait(DH, dk)
+            if SPLIT != 2:
+                wgmma_hold(pkp)
+                wgmma_hold(pkd)
+            cur = 1 - cur
+            t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
         store_dkdv(dk_acc, dv_acc, ab, k0 + own0, h, dk, dv, scale, k_off, seqlen_k, col0,
                    DH // 8, lane, BF16, DIRECT)

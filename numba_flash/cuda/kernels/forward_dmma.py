@@ -25,6 +25,7 @@ from numba.cuda import types
 from ..primitives import SIMULATOR, mma_f64, shfl_xor, syncwarp
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
+from .schedule import L2_GROUP_BYTES, query_tile_of_block
 from .tile_ops import load_kv_tile, masked_score
 
 __all__ = ["make_dmma_kernel", "dmma_supported", "DMMA_BLOCK_M", "DMMA_THREADS", "DMMA_BLOCK_N"]
@@ -60,9 +61,9 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
-        qtile = cuda.gridDim.x - 1 - cuda.blockIdx.x       # longest causal rows first
-        b = cuda.blockIdx.y // q.shape[2]
-        h = cuda.blockIdx.y % q.shape[2]
+        qtile, _, row = query_tile_of_block(seqlen_k, heads_ratio, L2_GROUP_BYTES // (16 * D))
+        b = row // q.shape[2]
+        h = row % q.shape[2]
         hk = h // heads_ratio
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31

@@ -29,6 +29,7 @@ from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, NONE, bit_visible, chunk_classes, first_in_chunk,
                       flags_see_whole_tile, interval_visible, key_tiles, mask_mod_device,
                       past_sinks, score_mod_device, skip_empty_chunks)
+from .schedule import L2_GROUP_BYTES, query_tile_of_block
 from .sequences import clear_unowned_rows, packed_sequence
 from .tile_ops import window_visible
 from ..primitives.base import inlined
@@ -296,6 +297,8 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                          f"got {BN}")
     dt = types.float64 if is_f64 else types.float32
     npdt = np.float64 if is_f64 else np.float32
+    # keys whose K and V rows fill an L2 group (packed batches: rows in order, schedule.py)
+    GROUP_KEYS = 0 if varlen else L2_GROUP_BYTES // (2 * D * ITEM)
     CH = 16 // ITEM               # elements per 16-byte chunk
     E = D // TPR                  # elements of q (and of acc) per lane and row
     NC = E // CH                  # chunks per lane
@@ -318,10 +321,10 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
         n_qtiles = cuda.gridDim.x
-        qtile = n_qtiles - 1 - cuda.blockIdx.x
+        qtile, x, row = query_tile_of_block(seqlen_k, heads_ratio, GROUP_KEYS)
         heads_q = q.shape[2]
-        b = cuda.blockIdx.y // heads_q
-        h = cuda.blockIdx.y % heads_q
+        b = row // heads_q
+        h = row % heads_q
         hk = h // heads_ratio
         tid = cuda.threadIdx.x
         neg_inf = npdt(NEG_INF)     # in the working dtype: a float64 -inf would promote the scores
@@ -330,13 +333,13 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
         k_off = 0
         if VARLEN:
             ab = 0
-            clear_unowned_rows(out, lse, cu_q, b, h, cuda.blockIdx.x, n_qtiles, BM, D, seqlen_q,
+            clear_unowned_rows(out, lse, cu_q, b, h, x, n_qtiles, BM, D, seqlen_q,
                                tid, NT, neg_inf, write_lse)
             q_off, seqlen_q = packed_sequence(cu_q, b, q.shape[1], seqlen_q)
             k_off, seqlen_k = packed_sequence(cu_k, b, k.shape[1], seqlen_k)
             if qtile * BM >= seqlen_q:
                 return
-        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        tb = min(row, mk_tab.shape[0] - 1)
         slope = npdt(0.0)
         if ALIBI:
             slope = npdt(alibi[b, h])

@@ -27,6 +27,7 @@ from .jitcache import jit_kernel
 from .masking import (INTERVALS, LOG2E, NONE, chunk_classes, first_in_chunk,
                       flags_see_whole_tile, key_tiles, mask_mod_device, past_sinks,
                       score_mod_device, skip_empty_chunks)
+from .schedule import L2_GROUP_BYTES, query_tile_of_block
 from .sequences import clear_unowned_rows, packed_sequence
 
 __all__ = ["make_mma_kernel"]
@@ -120,6 +121,8 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     WG = bool(wgmma)
     THREADS = WG_THREADS if WG else MMA_THREADS
     NEG_INF = np.float32(-np.inf)       # the lse of packed rows no block computes
+    # keys whose K and V rows fill an L2 group (packed batches: rows in order, schedule.py)
+    GROUP_KEYS = 0 if varlen else L2_GROUP_BYTES // (4 * D)
     if WG:
         assert MT == 1 and D in (64, 128) and block_n in (64, 128), (MT, D, block_n)
     BM, BN = 16 * (THREADS // 32) * MT, block_n
@@ -150,23 +153,23 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
         n_qtiles = cuda.gridDim.x
-        qtile = n_qtiles - 1 - cuda.blockIdx.x      # longest (causal) tiles first
+        qtile, x, row = query_tile_of_block(seqlen_k, heads_ratio, GROUP_KEYS)
         heads_q = q.shape[2]
-        b = cuda.blockIdx.y // heads_q
-        h = cuda.blockIdx.y % heads_q
+        b = row // heads_q
+        h = row % heads_q
         hk = h // heads_ratio
         ab = b          # batch index into the arrays (0 for a packed batch)
         q_off = 0       # first row of this sequence in q / out / lse, first key in k / v
         k_off = 0
         if VARLEN:
             ab = 0
-            clear_unowned_rows(out, lse, cu_q, b, h, cuda.blockIdx.x, n_qtiles, BM, D // 2,
+            clear_unowned_rows(out, lse, cu_q, b, h, x, n_qtiles, BM, D // 2,
                                seqlen_q, cuda.threadIdx.x, THREADS, NEG_INF, write_lse)
             q_off, seqlen_q = packed_sequence(cu_q, b, q.shape[1], seqlen_q)
             k_off, seqlen_k = packed_sequence(cu_k, b, k.shape[1], seqlen_k)
             if qtile * BM >= seqlen_q:
                 return
-        tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+        tb = min(row, mk_tab.shape[0] - 1)
         slope = np.float32(0.0)
         if ALIBI:
             slope = alibi[b, h] * np.float32(LOG2E)

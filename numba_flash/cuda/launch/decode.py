@@ -80,15 +80,17 @@ def auto_num_splits_mma(units: int, keys: int, sm_count: int,
     """Splits for the tensor-core kernel, whose unit of work is one warp.
 
     ``units``: warps without splitting (B * heads_kv * row_chunks); ``keys``: an upper bound of
-    the keys a unit visits. The most splits whose warps stay within ``warps_per_sm * sm_count``
-    (rounding down); if a split would then hold fewer than ``short_keys`` keys (a short call,
-    where the per-warp start and the merge weigh more), one more warp per multiprocessor. At
-    least MIN_KEYS_PER_SPLIT keys per split, at most MAX_SPLITS; 1 when the units alone fill
-    the target. The H100 sweep (docs/decode.md) peaks at about 3 warps per multiprocessor for
+    the keys a unit visits. The split count whose warps come nearest ``warps_per_sm *
+    sm_count`` (rounding to nearest: (32, 32, 8, 2048, 128) has 256 units, 1.94 warps per
+    multiprocessor without splitting, and on the H200 ran 75.9 us at 1 split, 67.2 at 2,
+    docs/data/gpu_bound_shapes_h200_2026-11-27.json); if a split would then hold fewer than
+    ``short_keys`` keys (a short call, where the per-warp start and the merge weigh more), one
+    more warp per multiprocessor, rounding down. At least MIN_KEYS_PER_SPLIT keys per split, at
+    most MAX_SPLITS; 1 when the units alone come near the target. The H100 sweep (docs/decode.md) peaks at about 3 warps per multiprocessor for
     contiguous caches (~400 warps; one warp keeps 16-32 KB of copies in flight).
     """
     units = max(units, 1)
-    want = (warps_per_sm * sm_count) // units
+    want = (2 * warps_per_sm * sm_count + units) // (2 * units)    # the nearest count
     if want > 1 and short_keys and keys // want < short_keys:
         want = ((warps_per_sm + 1) * sm_count) // units
     by_len = max(1, keys // MIN_KEYS_PER_SPLIT)

@@ -3,17 +3,24 @@
 A ``LaunchPlan`` is one kernel configuration ready to go: the driver handle of the compiled
 kernel, grid, block, dynamic shared memory, and Numba's flattened parameter block (an array
 argument is meminfo, parent, size, itemsize, data pointer, shape..., strides...; scalars follow
-as int64 / float32 / float64). Every parameter sits in one 8-byte slot of a ctypes buffer; a
-call writes only the data pointers of the caller's arrays into their slots and calls
-``cuLaunchKernel`` (``cuLaunchKernelEx`` for a programmatic-dependent launch) through ctypes:
-no argument typing, no Numba device-array wrappers, no allocation. The driver copies the
-parameters at launch, so the buffer is free again when the call returns. Plans are not
-thread-safe: one plan serves one thread at a time (the library's plan caches are per process).
+as int64 / float32 / float64). The parameters sit in one packed buffer at the offsets the driver
+reports for the kernel (cuFuncGetParamInfo), handed to ``cuLaunchKernel`` as its ``extra``
+(CU_LAUNCH_PARAM_BUFFER_POINTER): one copy, where an array of one pointer per parameter has the
+driver copy ~130 parameters one by one. A call writes only the data pointers of the caller's
+arrays into their places and calls ``cuLaunchKernel`` (``cuLaunchKernelEx`` for a
+programmatic-dependent launch) through ctypes: no argument typing, no Numba device-array
+wrappers, no allocation. The driver copies the parameters at launch, so the buffer is free
+again when the call returns. Plans are not thread-safe: one plan serves one thread at a time
+(the library's plan caches are per process).
 
 Kernels are compiled (or loaded: from their image on disk, images.py, else from Numba's
-on-disk cache) by ``compile_kernel`` for an explicit signature, and launched by handle: a
-CUkernel (a library loaded by cuda.core, as Numba loads them) launches in the calling thread's
-current context, which the callers check is the arrays' device.
+on-disk cache) by ``compile_kernel`` for an explicit signature. Numba and cuda.core load them
+as CUkernels (context-independent handles); a plan launches the CUfunction the driver resolves
+for the current (primary) context once, at the plan's creation, instead of the CUkernel, which
+the driver resolves again at every launch. So the callers check that the arrays' device is the
+current one; CuPy, PyTorch and Numba all work in primary contexts. Together the two cut a launch
+on the lent H200's host from ~8.7 to ~6.9 us (an empty kernel: ~7.1; 2026-11-27,
+scripts/experiments/launch_cost.py).
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ __all__ = ["ArrayParam", "ScalarParam", "LaunchPlan", "LaunchError", "compile_ke
            "output_clearer"]
 
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_CU_LAUNCH_PARAM_END, _CU_LAUNCH_PARAM_BUFFER_POINTER, _CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
@@ -99,8 +107,39 @@ def _driver():
         launch.restype = launch_ex.restype = ctypes.c_int
         _DRIVER.update(lib=lib, device=ctypes.c_int(), capturing=ctypes.c_int(), launch=launch,
                        launch_ex=launch_ex, memset32=lib.cuMemsetD32Async,
-                       memset2d32=lib.cuMemsetD2D32Async)
+                       memset2d32=lib.cuMemsetD2D32Async, function=_context_function,
+                       param_layout=_param_layout)
     return _DRIVER
+
+
+def _context_function(kernel_handle) -> int:
+    """The CUfunction of a CUkernel in the current context (cuKernelGetFunction); a CUfunction
+    handle is returned as it is."""
+    from cuda.bindings import driver as cu
+
+    if isinstance(kernel_handle, cu.CUfunction):
+        return int(kernel_handle)
+    err, function = cu.cuKernelGetFunction(cu.CUkernel(int(kernel_handle)))
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise LaunchError(f"cuKernelGetFunction failed: {err!r}")
+    return int(function)
+
+
+def _param_layout(function: int, count: int) -> list:
+    """[(offset, size)] in bytes of the ``count`` parameters of a CUfunction, as the driver
+    lays them out (cuFuncGetParamInfo); LaunchError when the kernel has another count."""
+    from cuda.bindings import driver as cu
+
+    handle, layout = cu.CUfunction(function), []
+    for index in range(count + 1):
+        err, offset, size = cu.cuFuncGetParamInfo(handle, index)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            break
+        layout.append((int(offset), int(size)))
+    if len(layout) != count:
+        raise LaunchError(f"the kernel takes {len(layout)} parameters (cuFuncGetParamInfo), "
+                          f"the plan holds {count}")
+    return layout
 
 
 def current_device() -> int:
@@ -236,27 +275,15 @@ class LaunchPlan:
     """
 
     def __init__(self, cufunc, params, grid, block, smem=0, pdl=False, keep=()):
-        flat, self.slots = [], []
-        for p in params:
-            if isinstance(p, ArrayParam):
-                if p.ptr is None:
-                    self.slots.append(len(flat) + 4)      # the data pointer's place
-                flat.extend(p.flat())
-            elif p.numba_type == types.float32:
-                flat.append(ctypes.c_uint32.from_buffer(ctypes.c_float(p.value)).value)
-            elif p.numba_type == types.float64:
-                flat.append(ctypes.c_uint64.from_buffer(ctypes.c_double(p.value)).value)
-            else:
-                flat.append(int(p.value) & 0xFFFFFFFFFFFFFFFF)
-        self.values = (ctypes.c_uint64 * max(len(flat), 1))(*flat)
-        base = ctypes.addressof(self.values)
-        self.argv = (ctypes.c_void_p * max(len(flat), 1))(*(base + 8 * i for i in range(len(flat))))
-        self.func = int(cufunc.handle)
+        driver = _driver()
+        values, pointer_params = _flat_values(params)
+        self.func = driver["function"](cufunc.handle)
+        self.values, self.slots, self._extra, self._size = _packed(
+            values, driver["param_layout"](self.func, len(values)), pointer_params)
         self.cufunc, self.keep = cufunc, keep
         grid = (grid,) if isinstance(grid, int) else grid
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block, self.smem, self.pdl = int(block), int(smem), pdl
-        driver = _driver()
         # The call's constant arguments as ctypes values, bound once: per call only the
         # stream changes (cuLaunchKernel's argument conversion was a third of a call's time).
         if pdl:
@@ -265,12 +292,12 @@ class LaunchPlan:
             self._config = _LaunchConfig(*self.grid, self.block, 1, 1, self.smem, None,
                                          ctypes.pointer(self._attr), 1)
             self._call = functools.partial(driver["launch_ex"], ctypes.byref(self._config),
-                                           ctypes.c_void_p(self.func), self.argv, None)
+                                           ctypes.c_void_p(self.func), None, self._extra)
         else:
             self._stream = ctypes.c_void_p(0)       # the one argument a call changes
             dims = (ctypes.c_uint(n) for n in (*self.grid, self.block, 1, 1, self.smem))
             self._call = functools.partial(driver["launch"], ctypes.c_void_p(self.func), *dims,
-                                           self._stream, self.argv, None)
+                                           self._stream, None, self._extra)
 
     def launch(self, pointers, stream: int):
         """Launch on the stream of raw handle ``stream`` with the caller arrays' data
@@ -286,3 +313,43 @@ class LaunchPlan:
         if err:
             raise LaunchError(f"cuLaunchKernel failed with CUresult {err} (grid {self.grid}, "
                               f"block {self.block}, dynamic shared memory {self.smem} bytes)")
+
+
+def _flat_values(params):
+    """Numba's flattened kernel parameters as (size in bytes, unsigned bits) pairs, and the
+    indices among them of the caller arrays' data pointers."""
+    values, pointer_params = [], []
+    for p in params:
+        if isinstance(p, ArrayParam):
+            if p.ptr is None:
+                pointer_params.append(len(values) + 4)      # the data pointer's place
+            values.extend((8, x & 0xFFFFFFFFFFFFFFFF) for x in p.flat())
+        elif p.numba_type == types.float32:
+            values.append((4, ctypes.c_uint32.from_buffer(ctypes.c_float(p.value)).value))
+        elif p.numba_type == types.float64:
+            values.append((8, ctypes.c_uint64.from_buffer(ctypes.c_double(p.value)).value))
+        else:
+            values.append((8, int(p.value) & 0xFFFFFFFFFFFFFFFF))
+    return values, pointer_params
+
+
+def _packed(values, layout, pointer_params):
+    """(buffer, pointer slots, extra, size): the parameters written at the driver's ``layout``
+    into a buffer of 8-byte words, the word index of each caller data pointer, cuLaunchKernel's
+    ``extra`` array naming the buffer and the address of its ``size`` (a c_size_t the plan
+    keeps alive); extra and size None for a kernel without parameters."""
+    total = max((offset + size for offset, size in layout), default=0)
+    words = (ctypes.c_uint64 * max(-(-total // 8), 1))()
+    for (size, bits), (offset, driver_size) in zip(values, layout):
+        if size != driver_size or offset % size:
+            raise LaunchError(f"parameter at byte {offset}: the driver expects {driver_size} "
+                              f"bytes, the plan holds {size}")
+        (ctypes.c_uint64 if size == 8 else ctypes.c_uint32).from_buffer(words, offset).value = bits
+    slots = [layout[i][0] // 8 for i in pointer_params]
+    if not total:
+        return words, slots, None, None
+    size = ctypes.c_size_t(total)
+    extra = (ctypes.c_void_p * 5)(_CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(words),
+                                  _CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size),
+                                  _CU_LAUNCH_PARAM_END)
+    return words, slots, extra, size

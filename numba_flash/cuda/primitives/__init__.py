@@ -31,7 +31,7 @@ from .sync import arrive_acq_rel, bcast0, ld2, st2
 from .warp import ballot, lowest_bit, shfl_idx, shfl_xor, syncwarp
 from .wgmma import (cp_async4_to, cp_async16_to, fence_proxy_async, lds_i32x2, shared_addr,
                     sts32, sw128_desc, wgmma_commit, wgmma_fence, wgmma_hold, wgmma_rs, wgmma_ss,
-                    wgmma_ss_mn, wgmma_wait, wgmma_wait_keep)
+                    wgmma_ss_mn, wgmma_wait)
 from .smem import lds16, shared_view
 from .grid import grid_dependency_wait, grid_launch_dependents
 from .vector import ld_v4, unpack16, unpack_bf16, unpack_f16

@@ -39,7 +39,7 @@ from .base import SIMULATOR, inlined
 
 __all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async4_to", "lds_i32x2",
            "sts32", "fence_proxy_async", "wgmma_fence",
-           "wgmma_commit", "wgmma_wait", "wgmma_wait_keep", "wgmma_ss", "wgmma_ss_mn", "wgmma_rs",
+           "wgmma_commit", "wgmma_wait", "wgmma_ss", "wgmma_ss_mn", "wgmma_rs",
            "wgmma_hold"]
 
 if not SIMULATOR:
@@ -254,13 +254,15 @@ if not SIMULATOR:
 
     @intrinsic
     def wgmma_hold(typingctx, frags):
-        """Keep the 16 uint32 of ``frags`` (A fragments of ``wgmma_rs`` products) in their
-        registers up to this point: an empty asm reads and rewrites them. Call it after the
-        ``wgmma_wait`` that retires those products. The hardware reads an A operand from the
-        registers while the product runs, and the PTX ISA leaves writing them before the wait
-        undefined; but for the register allocator the values die at the wgmma's issue, and ptxas
-        reused the registers for the next tile's probabilities while the products still ran
-        (wrong dK in the pipelined loop, 2026-11-27)."""
+        """An empty asm that reads and rewrites the 16 uint32 of ``frags`` (A fragments of
+        ``wgmma_rs`` products), called after the ``wgmma_wait`` that retires those products.
+        The hardware reads an A operand from its registers while the product runs, and the PTX
+        ISA leaves writing them before the wait undefined; but to the register allocator the
+        values die at the wgmma's issue. This asm only nudges the allocation: NVVM turns its
+        tied operands into moves that ptxas may drop, and ptxas 13.0 (the lent machines' driver
+        JIT) still reused such registers in the pipelined head_dim 64 loop (84 writes, removed
+        2026-11-27). What proves a kernel is its SASS as the runtime links it
+        (tests/test_cuda_backward.py, ``kernel_resources.a_operand_overwrites``)."""
         sig = types.void(frags)
 
         def codegen(context, builder, sig, args):
@@ -274,7 +276,6 @@ if not SIMULATOR:
         return sig, codegen
 
     _wait16, _wait32, _wait64 = _wait_intrinsic(16), _wait_intrinsic(32), _wait_intrinsic(64)
-    _wait32_1, _wait32_2 = _wait_intrinsic(32, 1), _wait_intrinsic(32, 2)
     _ss_f16_64, _ss_f16_128 = _ss_intrinsic(64, False), _ss_intrinsic(128, False)
     _ss_bf16_64, _ss_bf16_128 = _ss_intrinsic(64, True), _ss_intrinsic(128, True)
     _ss_mn_f16_64, _ss_mn_bf16_64 = _ss_intrinsic(64, False, True), _ss_intrinsic(64, True, True)
@@ -294,16 +295,6 @@ if not SIMULATOR:
             _wait32(acc)
         else:
             _wait64(acc)
-
-    @inlined
-    def wgmma_wait_keep(keep, acc):
-        """Wait until at most ``keep`` (1 or 2) of the latest committed groups are pending;
-        ``acc`` (32 float32: an n64 accumulator of one of the completed groups) passes
-        through."""
-        if keep == 1:
-            _wait32_1(acc)
-        else:
-            _wait32_2(acc)
 
     @inlined
     def wgmma_ss(is_bf16, n, acc, desc_a, desc_b, scale_d):
@@ -359,5 +350,5 @@ else:
 
     shared_addr = sw128_desc = cp_async16_to = cp_async4_to = lds_i32x2 = sts32 = _unavailable
     fence_proxy_async = _unavailable
-    wgmma_fence = wgmma_commit = wgmma_wait = wgmma_wait_keep = wgmma_ss = wgmma_ss_mn = wgmma_rs = _unavailable
+    wgmma_fence = wgmma_commit = wgmma_wait = wgmma_ss = wgmma_ss_mn = wgmma_rs = _unavailable
     wgmma_hold = _unavailable

@@ -1,0 +1,65 @@
+"""Which query tile of which (batch, head) row a forward block computes: the grid's order.
+
+The forward's grid is (query tiles, batch * heads_q); blocks start in the order of their linear
+index (x fastest). Causal and banded rows give the tiles unequal work (the last query tile of a
+causal row visits every key tile, the first one a single tile), so the order decides how well
+the last wave fills the device. Taking each row's tiles longest first (the order until
+2026-11-27) still hands the scheduler a light tile of one row next to heavy tiles of the next,
+and at short sequences a few rows' heavy tiles end the kernel alone. Here the rows are taken in
+groups whose K and V fit in part of the L2 cache (``L2_GROUP_BYTES``); inside a group the
+blocks go tile by tile, longest first, across all of the group's rows (longest-processing-time
+order), so the heavy tiles of a group start together and the light ones fill the end, while the
+group's K / V, read by each of its tiles, stay in L2. A row's K / V larger than the budget makes
+a group of one row: each row's tiles longest first, as before.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from ..primitives.base import inlined
+
+__all__ = ["query_tile_of_block", "tile_order", "L2_GROUP_BYTES"]
+
+L2_GROUP_BYTES = 32 * 1024 * 1024       # of the H100's / H200's 50 MB L2
+
+
+def tile_order(block, n_qtiles, n_rows, seqlen_k, heads_ratio, group_keys):
+    """``(qtile, x, row)`` of the block of linear index ``block`` (``blockIdx.y * n_qtiles +
+    blockIdx.x``) in a grid of ``n_qtiles`` x ``n_rows``: its query tile, that tile's place
+    among its row's blocks counted from the longest (what ``clear_unowned_rows`` shares rows
+    by), and its row ``b * heads_q + h``, as int64. ``seqlen_k``: keys per row (the launch's
+    maximum for packed batches); ``heads_ratio``: query heads per kv head (rows of one kv head
+    share its K / V); ``group_keys``: how many keys' K and V rows fit in ``L2_GROUP_BYTES``.
+    In 32-bit unsigned arithmetic (every value fits: the grid has fewer than 2^32 blocks), so
+    the divisions are 32-bit ones: int64 divisions are long instruction sequences (~250
+    instructions more per kernel, and new spills in some configurations). Plain integer
+    arithmetic otherwise (the kernels inline it; tests call it on the host)."""
+    u32 = np.uint32
+    rows = u32(n_rows)
+    group = u32(max(u32(1), u32(group_keys) // u32(max(seqlen_k, 1))) * u32(heads_ratio))
+    group = u32(min(group, rows))                 # rows per group
+    span = u32(group * u32(n_qtiles))
+    first = u32(u32(u32(block) // span) * group)
+    width = u32(min(group, u32(rows - first)))
+    rank = u32(u32(block) - u32(first * u32(n_qtiles)))
+    x = u32(rank // width)
+    return (np.int64(u32(n_qtiles) - u32(1) - x), np.int64(x),
+            np.int64(first + u32(rank - u32(x * width))))
+
+
+_tile_order = inlined(tile_order)
+
+
+@inlined
+def query_tile_of_block(seqlen_k, heads_ratio, group_keys):
+    """``tile_order`` of this block (``group_keys``: a compile-time constant,
+    ``L2_GROUP_BYTES`` over the bytes of one key's K and V rows; 0: groups of one row, the
+    order of packed varlen batches, whose rows are sequences of unequal lengths, and whose
+    mma.sync kernels spilled in their key loop with the grouped order's extra registers)."""
+    if group_keys == 0:     # each row's tiles longest first, rows in order (no division)
+        x = cuda.blockIdx.x
+        return np.int64(cuda.gridDim.x - 1 - x), np.int64(x), np.int64(cuda.blockIdx.y)
+    n_qtiles = cuda.gridDim.x
+    return _tile_order(cuda.blockIdx.y * n_qtiles + cuda.blockIdx.x, n_qtiles, cuda.gridDim.y,
+                       seqlen_k, heads_ratio, group_keys)

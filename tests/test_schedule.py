@@ -1,0 +1,45 @@
+"""The forward grid's block order (kernels/schedule.py): every (query tile, row) exactly once,
+longest tiles first across the rows of an L2-sized group, groups in row order."""
+from __future__ import annotations
+
+import pytest
+
+from numba_flash.cuda.kernels.schedule import L2_GROUP_BYTES, tile_order
+
+
+def _order(n_qtiles, n_rows, seqlen_k, ratio, row_bytes):
+    order = [tile_order(i, n_qtiles, n_rows, seqlen_k, ratio, L2_GROUP_BYTES // row_bytes)
+             for i in range(n_qtiles * n_rows)]
+    return [tuple(int(v) for v in item) for item in order]
+
+
+@pytest.mark.parametrize("n_qtiles, n_rows, seqlen_k, ratio", [
+    (8, 64, 1024, 1),        # (4, 16, 1024, 128) causal: one group of 64 rows
+    (32, 64, 4096, 1),       # 16-row groups
+    (5, 7, 300_000, 1),      # a row's K / V beyond the budget: groups of one row
+    (3, 13, 4096, 4),        # GQA: groups of whole kv heads; a short last group
+    (1, 9, 10, 1),           # one query tile
+    (7, 3, 1, 8),            # one key: the group is every row
+])
+def test_every_tile_once_longest_first_within_groups(n_qtiles, n_rows, seqlen_k, ratio):
+    row_bytes = 4 * 128
+    order = _order(n_qtiles, n_rows, seqlen_k, ratio, row_bytes)
+    assert sorted((row, q) for q, _, row in order) == \
+        [(r, q) for r in range(n_rows) for q in range(n_qtiles)]
+    assert all(x == n_qtiles - 1 - q for q, x, _ in order)
+    group = min(max(1, L2_GROUP_BYTES // row_bytes // seqlen_k) * ratio, n_rows)
+    assert group % ratio == 0 or group == n_rows
+    kv_heads = group // ratio
+    assert kv_heads == 1 or kv_heads * seqlen_k * row_bytes <= L2_GROUP_BYTES
+    for start in range(0, len(order), group * n_qtiles):
+        chunk = order[start:start + group * n_qtiles]
+        rows = {row for _, _, row in chunk}
+        assert rows == set(range(start // n_qtiles, start // n_qtiles + len(rows)))
+        tiles = [q for q, _, _ in chunk]
+        assert tiles == sorted(tiles, reverse=True)      # longest (causal) tiles first
+
+
+def test_one_row_per_group_is_the_old_order():
+    """K / V of a row beyond the budget: each row's tiles longest first, rows in order."""
+    order = _order(4, 3, 10 ** 6, 1, 512)
+    assert [(q, row) for q, _, row in order] == [(q, r) for r in range(3) for q in (3, 2, 1, 0)]
