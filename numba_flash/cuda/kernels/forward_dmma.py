@@ -25,7 +25,7 @@ from numba.cuda import types
 from ..primitives import SIMULATOR, mma_f64, shfl_xor, syncwarp
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
-from .schedule import L2_GROUP_BYTES, query_tile_of_block
+from .schedule import group_keys, query_tile_of_block
 from .tile_ops import load_kv_tile, masked_score
 
 __all__ = ["make_dmma_kernel", "dmma_supported", "DMMA_BLOCK_M", "DMMA_THREADS", "DMMA_BLOCK_N"]
@@ -57,11 +57,12 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
     COPIES = BN * CPR // NT              # per thread and tile, for K and again for V
     SN, ON = NS * 2, ND * 2              # accumulator doubles per lane: S, O
     f64 = types.float64
+    GROUP_KEYS = group_keys(16 * D, has_right)     # the grid's order (schedule.py)
     NEG_INF = -math.inf
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
-        qtile, _, row = query_tile_of_block(seqlen_k, heads_ratio, L2_GROUP_BYTES // (16 * D))
+        qtile, _, row = query_tile_of_block(seqlen_k, heads_ratio, GROUP_KEYS)
         b = row // q.shape[2]
         h = row % q.shape[2]
         hk = h // heads_ratio

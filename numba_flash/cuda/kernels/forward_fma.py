@@ -29,7 +29,7 @@ from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, NONE, bit_visible, chunk_classes, first_in_chunk,
                       flags_see_whole_tile, interval_visible, key_tiles, mask_mod_device,
                       past_sinks, score_mod_device, skip_empty_chunks)
-from .schedule import L2_GROUP_BYTES, query_tile_of_block
+from .schedule import group_keys, query_tile_of_block
 from .sequences import clear_unowned_rows, packed_sequence
 from .tile_ops import window_visible
 from ..primitives.base import inlined
@@ -297,8 +297,7 @@ def make_fma_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: bool
                          f"got {BN}")
     dt = types.float64 if is_f64 else types.float32
     npdt = np.float64 if is_f64 else np.float32
-    # keys whose K and V rows fill an L2 group (packed batches: rows in order, schedule.py)
-    GROUP_KEYS = 0 if varlen else L2_GROUP_BYTES // (2 * D * ITEM)
+    GROUP_KEYS = group_keys(2 * D * ITEM, has_right, varlen)     # the grid's order (schedule.py)
     CH = 16 // ITEM               # elements per 16-byte chunk
     E = D // TPR                  # elements of q (and of acc) per lane and row
     NC = E // CH                  # chunks per lane

@@ -27,7 +27,7 @@ from .jitcache import jit_kernel
 from .masking import (INTERVALS, LOG2E, NONE, chunk_classes, first_in_chunk,
                       flags_see_whole_tile, key_tiles, mask_mod_device, past_sinks,
                       score_mod_device, skip_empty_chunks)
-from .schedule import L2_GROUP_BYTES, query_tile_of_block
+from .schedule import group_keys, query_tile_of_block
 from .sequences import clear_unowned_rows, packed_sequence
 
 __all__ = ["make_mma_kernel"]
@@ -121,8 +121,10 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     WG = bool(wgmma)
     THREADS = WG_THREADS if WG else MMA_THREADS
     NEG_INF = np.float32(-np.inf)       # the lse of packed rows no block computes
-    # keys whose K and V rows fill an L2 group (packed batches: rows in order, schedule.py)
-    GROUP_KEYS = 0 if varlen else L2_GROUP_BYTES // (4 * D)
+    # The grid's order (schedule.py). Not at head_dim 64 on wgmma: that kernel sits at 127
+    # registers (4 blocks per multiprocessor) and the grouped order's index arithmetic took it
+    # to 135 (3 blocks): causal 1.36x slower on the H200 (2026-11-27).
+    GROUP_KEYS = group_keys(4 * D, has_right and not (wgmma and D == 64), varlen)
     if WG:
         assert MT == 1 and D in (64, 128) and block_n in (64, 128), (MT, D, block_n)
     BM, BN = 16 * (THREADS // 32) * MT, block_n

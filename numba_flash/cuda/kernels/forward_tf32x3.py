@@ -38,7 +38,7 @@ from numba.cuda import types
 from ..primitives import SIMULATOR, mma_tf32, shfl_xor, split_tf32, syncwarp
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
-from .schedule import L2_GROUP_BYTES, query_tile_of_block
+from .schedule import group_keys, query_tile_of_block
 from .tile_ops import load_kv_tile, masked_score
 from ..primitives.base import inlined
 
@@ -99,12 +99,13 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
     SN, ON = 4 * NS, 4 * ND
     QROWS = BM if Q_SMEM else 1
     f32 = types.float32
+    GROUP_KEYS = group_keys(8 * D, has_right)     # the grid's order (schedule.py)
     NEG_INF = -math.inf
     ZERO = np.float32(0.0)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
-        qtile, _, row = query_tile_of_block(seqlen_k, heads_ratio, L2_GROUP_BYTES // (8 * D))
+        qtile, _, row = query_tile_of_block(seqlen_k, heads_ratio, GROUP_KEYS)
         b = row // q.shape[2]
         h = row % q.shape[2]
         hk = h // heads_ratio

@@ -19,9 +19,21 @@ from numba import cuda
 
 from ..primitives.base import inlined
 
-__all__ = ["query_tile_of_block", "tile_order", "L2_GROUP_BYTES"]
+__all__ = ["query_tile_of_block", "tile_order", "group_keys", "L2_GROUP_BYTES"]
 
-L2_GROUP_BYTES = 32 * 1024 * 1024       # of the H100's / H200's 50 MB L2
+L2_GROUP_BYTES = 8 * 1024 * 1024        # of the H100's / H200's 50 MB L2 (2026-11-27: 32 MB
+                                        # made head_dim 64 at N 4096 1.5x slower)
+
+
+def group_keys(kv_row_bytes: int, has_right: bool, varlen: bool = False) -> int:
+    """The ``group_keys`` of a forward kernel (a compile-time constant): how many keys' K and V
+    rows (``kv_row_bytes`` each) fill ``L2_GROUP_BYTES``; 0 (rows in order, each row's tiles
+    longest first) without a right bound, where the tiles of a row cost the same and grouping
+    only spreads the blocks that run together over more rows' K / V (full attention lost 2-5 %
+    at head_dim 128 / 256 and the bitmask case 6 %), and for packed batches (their rows are
+    sequences of unequal lengths, and their mma.sync kernels spilled in the key loop with the
+    grouped order's extra registers)."""
+    return 0 if varlen or not has_right else L2_GROUP_BYTES // kv_row_bytes
 
 
 def tile_order(block, n_qtiles, n_rows, seqlen_k, heads_ratio, group_keys):
@@ -53,10 +65,8 @@ _tile_order = inlined(tile_order)
 
 @inlined
 def query_tile_of_block(seqlen_k, heads_ratio, group_keys):
-    """``tile_order`` of this block (``group_keys``: a compile-time constant,
-    ``L2_GROUP_BYTES`` over the bytes of one key's K and V rows; 0: groups of one row, the
-    order of packed varlen batches, whose rows are sequences of unequal lengths, and whose
-    mma.sync kernels spilled in their key loop with the grouped order's extra registers)."""
+    """``tile_order`` of this block (``group_keys``: a compile-time constant from
+    ``group_keys``; 0: each row's tiles longest first, rows in order, with no division)."""
     if group_keys == 0:     # each row's tiles longest first, rows in order (no division)
         x = cuda.blockIdx.x
         return np.int64(cuda.gridDim.x - 1 - x), np.int64(x), np.int64(cuda.blockIdx.y)
