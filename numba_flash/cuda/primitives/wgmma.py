@@ -165,11 +165,11 @@ if not SIMULATOR:
         for i in range(n):
             builder.store(builder.extract_value(res, i), ptrs[i])
 
-    def _wait_intrinsic(nacc, pending=0):
-        """``wgmma.wait_group pending`` (every group but the ``pending`` latest complete) with
-        the ``nacc`` accumulators of a float32 array passed through it, so that no use of them
-        is scheduled before the wait."""
-        text = "wgmma.wait_group.sync.aligned %d;" % pending
+    def _wait_intrinsic(nacc):
+        """``wgmma.wait_group 0`` (every committed group complete) with the ``nacc``
+        accumulators of a float32 array passed through it, so that no use of them is scheduled
+        before the wait."""
+        text = "wgmma.wait_group.sync.aligned 0;"
 
         @intrinsic
         def wait(typingctx, acc):
