@@ -10,7 +10,9 @@ groups whose K and V fit in part of the L2 cache (``L2_GROUP_BYTES``); inside a 
 blocks go tile by tile, longest first, across all of the group's rows (longest-processing-time
 order), so the heavy tiles of a group start together and the light ones fill the end, while the
 group's K / V, read by each of its tiles, stay in L2. A row's K / V larger than the budget makes
-a group of one row: each row's tiles longest first, as before.
+a group of one row: each row's tiles longest first, as before. Only rows with a right bound
+(causal) are grouped, and not in packed batches or the head_dim 64 wgmma kernel (``group_keys``,
+forward_mma.py; the A/B behind these choices: docs/benchmarks.md, "Forward").
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ L2_GROUP_BYTES = 8 * 1024 * 1024        # of the H100's / H200's 50 MB L2 (2026-
 
 
 def group_keys(kv_row_bytes: int, has_right: bool, varlen: bool = False) -> int:
-    """The ``group_keys`` of a forward kernel (a compile-time constant): how many keys' K and V
+    """The ``budget_keys`` of a forward kernel (a compile-time constant): how many keys' K and V
     rows (``kv_row_bytes`` each) fill ``L2_GROUP_BYTES``; 0 (rows in order, each row's tiles
     longest first) without a right bound, where the tiles of a row cost the same and grouping
     only spreads the blocks that run together over more rows' K / V (full attention lost 2-5 %
@@ -36,20 +38,20 @@ def group_keys(kv_row_bytes: int, has_right: bool, varlen: bool = False) -> int:
     return 0 if varlen or not has_right else L2_GROUP_BYTES // kv_row_bytes
 
 
-def tile_order(block, n_qtiles, n_rows, seqlen_k, heads_ratio, group_keys):
+def tile_order(block, n_qtiles, n_rows, seqlen_k, heads_ratio, budget_keys):
     """``(qtile, x, row)`` of the block of linear index ``block`` (``blockIdx.y * n_qtiles +
     blockIdx.x``) in a grid of ``n_qtiles`` x ``n_rows``: its query tile, that tile's place
     among its row's blocks counted from the longest (what ``clear_unowned_rows`` shares rows
     by), and its row ``b * heads_q + h``, as int64. ``seqlen_k``: keys per row (the launch's
     maximum for packed batches); ``heads_ratio``: query heads per kv head (rows of one kv head
-    share its K / V); ``group_keys``: how many keys' K and V rows fit in ``L2_GROUP_BYTES``.
+    share its K / V); ``budget_keys``: how many keys' K and V rows fit in ``L2_GROUP_BYTES``.
     In 32-bit unsigned arithmetic (every value fits: the grid has fewer than 2^32 blocks), so
     the divisions are 32-bit ones: int64 divisions are long instruction sequences (~250
     instructions more per kernel, and new spills in some configurations). Plain integer
     arithmetic otherwise (the kernels inline it; tests call it on the host)."""
     u32 = np.uint32
     rows = u32(n_rows)
-    group = u32(max(u32(1), u32(group_keys) // u32(max(seqlen_k, 1))) * u32(heads_ratio))
+    group = u32(max(u32(1), u32(budget_keys) // u32(max(seqlen_k, 1))) * u32(heads_ratio))
     group = u32(min(group, rows))                 # rows per group
     span = u32(group * u32(n_qtiles))
     first = u32(u32(u32(block) // span) * group)
@@ -64,12 +66,12 @@ _tile_order = inlined(tile_order)
 
 
 @inlined
-def query_tile_of_block(seqlen_k, heads_ratio, group_keys):
-    """``tile_order`` of this block (``group_keys``: a compile-time constant from
+def query_tile_of_block(seqlen_k, heads_ratio, budget_keys):
+    """``tile_order`` of this block (``budget_keys``: a compile-time constant from
     ``group_keys``; 0: each row's tiles longest first, rows in order, with no division)."""
-    if group_keys == 0:     # each row's tiles longest first, rows in order (no division)
+    if budget_keys == 0:    # each row's tiles longest first, rows in order (no division)
         x = cuda.blockIdx.x
         return np.int64(cuda.gridDim.x - 1 - x), np.int64(x), np.int64(cuda.blockIdx.y)
     n_qtiles = cuda.gridDim.x
     return _tile_order(cuda.blockIdx.y * n_qtiles + cuda.blockIdx.x, n_qtiles, cuda.gridDim.y,
-                       seqlen_k, heads_ratio, group_keys)
+                       seqlen_k, heads_ratio, budget_keys)
