@@ -3,8 +3,9 @@
 ``LaunchPlan`` (numba_flash/cuda/launch/driver.py) lays out Numba's flattened kernel
 arguments (an array: meminfo, parent, size, itemsize, data, shape..., strides...; scalars as
 int64 / float32 / float64 bits) in one packed buffer at the driver's offsets and writes only
-the caller arrays' data pointers per call. Here libcuda is replaced by a recorder, so the block and the launch
-arguments are compared with the layout written out by hand, and the memsets that clear a packed
+the caller arrays' data pointers per call. Here libcuda is replaced by a recorder, so the block
+and the launch arguments are compared with the layout written out by hand, and the memsets that
+clear a packed
 varlen batch's outputs are checked for their place (the launch's stream, before it) and values.
 """
 from __future__ import annotations
@@ -67,18 +68,6 @@ def _buffer(extra):
     return ctypes.string_at(extra[1], size)
 
 
-def _natural_layout(function, count):
-    """Stands for cuFuncGetParamInfo: the plan's recorded sizes at their natural alignment,
-    as nvcc and NVVM lay out kernel parameters."""
-    layout, offset = [], 0
-    for size in _SIZES[:count]:
-        offset = -(-offset // size) * size
-        layout.append((offset, size))
-        offset += size
-    return layout
-
-
-_SIZES: list = []
 
 
 class _Func:
@@ -93,15 +82,8 @@ def recorder(monkeypatch):
         "launch_ex": lambda *args: rec.cuLaunchKernelEx(*args),
         "memset32": lambda *args: rec.cuMemsetD32Async(*args),
         "memset2d32": lambda *args: rec.cuMemsetD2D32Async(*args),
-        "function": lambda handle: handle + 1, "param_layout": _natural_layout})
-    real = driver._flat_values
-
-    def recording(params):        # the sizes the stand-in driver lays out
-        values, pointers = real(params)
-        _SIZES[:] = [size for size, _ in values]
-        return values, pointers
-
-    monkeypatch.setattr(driver, "_flat_values", recording)
+        "function": lambda handle: handle + 1,
+        "param_layout": lambda function, sizes: driver.natural_layout(sizes)})
     return rec
 
 
@@ -143,9 +125,46 @@ def test_float32_parameters_pack_at_the_drivers_offsets(recorder):
 
 
 def test_a_layout_the_plan_does_not_match_raises(recorder, monkeypatch):
-    monkeypatch.setitem(driver._DRIVER, "param_layout", lambda function, count: [(0, 4)])
+    monkeypatch.setitem(driver._DRIVER, "param_layout", lambda function, sizes: [(0, 4)])
     with pytest.raises(driver.LaunchError, match="driver expects 4 bytes, the plan holds 8"):
         LaunchPlan(_Func(), [ScalarParam(types.int64, 1)], (1,), 32)
+
+
+def test_a_kernel_without_parameters_gets_no_buffer(recorder):
+    plan = LaunchPlan(_Func(), [], (1,), 32)
+    plan.launch([], stream=9)
+    assert recorder.calls[-1][-1] is None          # extra is NULL
+
+
+def test_param_layout_from_the_driver_once_else_natural(monkeypatch):
+    """driver._param_layout: the driver's offsets, asked once per kernel; past the last
+    parameter the driver answers CUDA_ERROR_INVALID_VALUE; another count is a LaunchError;
+    a driver without cuFuncGetParamInfo (older than 12.4) gives natural alignment; any other
+    error is raised."""
+    import cuda.bindings.driver as cu
+
+    asked = []
+
+    def info(handle, index):
+        asked.append(index)
+        if index < 3:
+            return cu.CUresult.CUDA_SUCCESS, (0, 4, 8)[index], (4, 4, 8)[index]
+        return cu.CUresult.CUDA_ERROR_INVALID_VALUE, 0, 0
+
+    monkeypatch.setattr(cu, "cuFuncGetParamInfo", info)
+    monkeypatch.setattr(driver, "_LAYOUTS", {})
+    assert driver._param_layout(77, [4, 4, 8]) == [(0, 4), (4, 4), (8, 8)]
+    assert driver._param_layout(77, [4, 4, 8]) == [(0, 4), (4, 4), (8, 8)]
+    assert asked == [0, 1, 2, 3]                    # once, one index past the last
+    with pytest.raises(driver.LaunchError, match="takes 3 parameters.*holds 2"):
+        driver._param_layout(77, [4, 4])
+    monkeypatch.setattr(cu, "cuFuncGetParamInfo",
+                        lambda handle, index: (cu.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0, 0))
+    assert driver._param_layout(78, [4, 8, 4]) == [(0, 4), (8, 8), (16, 4)]
+    monkeypatch.setattr(cu, "cuFuncGetParamInfo",
+                        lambda handle, index: (cu.CUresult.CUDA_ERROR_INVALID_CONTEXT, 0, 0))
+    with pytest.raises(driver.LaunchError, match="cuFuncGetParamInfo failed for parameter 0"):
+        driver._param_layout(79, [8])
 
 
 def test_launch_writes_pointers_and_pads_the_grid(recorder):
@@ -166,7 +185,8 @@ def test_programmatic_dependent_launch_sets_the_attribute(recorder):
     plan.launch([], stream=5)
     kind, func, grid, block, smem, stream, n_attrs, attr_id, value, buffer = recorder.calls[-1]
     assert (kind, func, grid, block, smem, stream) == ("ex", 0xABD, (3, 2, 1), 32, 4096, 5)
-    assert (n_attrs, attr_id, value) == (1, 6, 1)   # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert (n_attrs, attr_id, value) == (1, 6, 1)
     assert buffer == struct.pack("<q", 1)
 
 

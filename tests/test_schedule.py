@@ -14,10 +14,11 @@ def _order(n_qtiles, n_rows, seqlen_k, ratio, row_bytes):
 
 
 @pytest.mark.parametrize("n_qtiles, n_rows, seqlen_k, ratio", [
-    (8, 64, 1024, 1),        # (4, 16, 1024, 128) causal: one group of 64 rows
-    (32, 64, 4096, 1),       # 16-row groups
+    (8, 64, 1024, 1),        # (4, 16, 1024, 128) causal: 16-row groups
+    (32, 64, 4096, 1),       # 4-row groups
     (5, 7, 300_000, 1),      # a row's K / V beyond the budget: groups of one row
-    (3, 13, 4096, 4),        # GQA: groups of whole kv heads; a short last group
+    (3, 13, 4096, 4),        # GQA: 4 kv heads' worth of rows, all 13 in one group
+    (3, 20, 8192, 4),        # GQA: 8-row groups of whole kv heads, a short last group
     (1, 9, 10, 1),           # one query tile
     (7, 3, 1, 8),            # one key: the group is every row
 ])

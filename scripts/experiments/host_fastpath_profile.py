@@ -40,14 +40,18 @@ def per_call(fn, n=20000):
 
 
 def main():
-    driver._DRIVER.update(lib=_NoDriver(), device=ctypes.c_int(-1), capturing=ctypes.c_int())
+    driver._DRIVER.update(lib=_NoDriver(), device=ctypes.c_int(-1), capturing=ctypes.c_int(),
+                          launch=lambda *args: 0, function=lambda handle: handle,
+                          param_layout=lambda function, sizes: driver.natural_layout(sizes))
     fastpath.current_device = lambda: -1          # CPU tensors report device -1
     words = driver.ArrayParam(types.uint32, (1, 128, 16, 32), (65536, 512, 32, 4), 4)
     plan = driver.LaunchPlan(_Function(), [words] * 4 + [driver.ScalarParam(types.int64, 1)] * 8,
                              (2, 16), 128)
     q, k, v = (torch.randn(1, 128, 16, 64, dtype=torch.float16) for _ in range(3))
     api._FAST[0] = runtime.attention_fast
-    opts = (None, True, (-1, -1), 0, None, None, None, False, "auto", None, None, None, None, None)
+    # numba_flash.attention's signature options (api.py), for attention(q, k, v, causal=True)
+    opts = (None, True, (-1, -1), 0, None, None, True, False, "auto", True, True, None, None, None,
+            "auto")
     _, (key, _) = runtime.attention_fast(q, k, v, opts, (), (None, None), None)
     call = fastpath.FastCall(plan, "torch", q, -1, (1, 128, 16, 64), "float16", None, (),
                              True, guards=(None, None))

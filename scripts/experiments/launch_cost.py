@@ -1,7 +1,8 @@
 """What one cuLaunchKernel of a recorded plan costs on the host, and which way of calling it
-is cheapest (issue 17): the plan's CUkernel against the CUfunction the driver resolves for
-the current context, and the parameters as an array of pointers (one per parameter, as
-LaunchPlan passes them) against one packed buffer (``extra``, CU_LAUNCH_PARAM_BUFFER_POINTER).
+is cheapest (issue 17): the CUkernel Numba loaded against the CUfunction the driver resolves
+for the current context, and the parameters as an array of pointers (one per parameter, as
+LaunchPlan passed them until 2026-11-27) against one packed buffer (``extra``,
+CU_LAUNCH_PARAM_BUFFER_POINTER, as it passes them now).
 An empty kernel gives the floor. On a GPU machine:
 
     python scripts/experiments/launch_cost.py

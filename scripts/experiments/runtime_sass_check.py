@@ -72,7 +72,8 @@ def main():
 
     for atomic in (True, False):
         kern = bwg.make_wgmma_dkdv_kernel(64, False, False, False, False, False, atomic, 0)
-        r = kr.report(kern.py_func, sb._signature(kern.py_func, True, True, False)   # same parameters either way, cc=(9, 0, "a"))
+        sig = sb._signature(kern.py_func, True, True, False)     # the same in both dQ modes
+        r = kr.report(kern.py_func, sig, cc=(9, 0, "a"))
         print(f"offline hd64 atomic={atomic}: HGMMA {r['sass'].count('HGMMA')}, A overwrites "
               f"{r['a_overwrites']}", flush=True)
         if out_dir:

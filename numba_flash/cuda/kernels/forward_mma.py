@@ -124,7 +124,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     # The grid's order (schedule.py). Not at head_dim 64 on wgmma: that kernel sits at 127
     # registers (4 blocks per multiprocessor) and the grouped order's index arithmetic took it
     # to 135 (3 blocks): causal 1.36x slower on the H200 (2026-11-27).
-    GROUP_KEYS = group_keys(4 * D, has_right and not (wgmma and D == 64), varlen)
+    GROUP_KEYS = group_keys(4 * D, has_right, varlen, enabled=not (wgmma and D == 64))
     if WG:
         assert MT == 1 and D in (64, 128) and block_n in (64, 128), (MT, D, block_n)
     BM, BN = 16 * (THREADS // 32) * MT, block_n

@@ -27,15 +27,16 @@ L2_GROUP_BYTES = 8 * 1024 * 1024        # of the H100's / H200's 50 MB L2 (2026-
                                         # made head_dim 64 at N 4096 1.5x slower)
 
 
-def group_keys(kv_row_bytes: int, has_right: bool, varlen: bool = False) -> int:
+def group_keys(kv_row_bytes: int, has_right: bool, varlen: bool = False,
+               enabled: bool = True) -> int:
     """The ``budget_keys`` of a forward kernel (a compile-time constant): how many keys' K and V
     rows (``kv_row_bytes`` each) fill ``L2_GROUP_BYTES``; 0 (rows in order, each row's tiles
     longest first) without a right bound, where the tiles of a row cost the same and grouping
     only spreads the blocks that run together over more rows' K / V (full attention lost 2-5 %
     at head_dim 128 / 256 and the bitmask case 6 %), and for packed batches (their rows are
     sequences of unequal lengths, and their mma.sync kernels spilled in the key loop with the
-    grouped order's extra registers)."""
-    return 0 if varlen or not has_right else L2_GROUP_BYTES // kv_row_bytes
+    grouped order's extra registers); 0 too where the kernel says not ``enabled``."""
+    return 0 if varlen or not has_right or not enabled else L2_GROUP_BYTES // kv_row_bytes
 
 
 def tile_order(block, n_qtiles, n_rows, seqlen_k, heads_ratio, budget_keys):

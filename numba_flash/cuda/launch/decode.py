@@ -86,8 +86,9 @@ def auto_num_splits_mma(units: int, keys: int, sm_count: int,
     docs/data/gpu_bound_shapes_h200_2026-11-27.json); if a split would then hold fewer than
     ``short_keys`` keys (a short call, where the per-warp start and the merge weigh more), one
     more warp per multiprocessor, rounding down. At least MIN_KEYS_PER_SPLIT keys per split, at
-    most MAX_SPLITS; 1 when the units alone come near the target. The H100 sweep (docs/decode.md) peaks at about 3 warps per multiprocessor for
-    contiguous caches (~400 warps; one warp keeps 16-32 KB of copies in flight).
+    most MAX_SPLITS; 1 when the units alone come near the target. The H100 sweep
+    (docs/decode.md) peaks at about 3 warps per multiprocessor for contiguous caches (~400
+    warps; one warp keeps 16-32 KB of copies in flight).
     """
     units = max(units, 1)
     want = (2 * warps_per_sm * sm_count + units) // (2 * units)    # the nearest count

@@ -4,7 +4,8 @@ A ``LaunchPlan`` is one kernel configuration ready to go: the driver handle of t
 kernel, grid, block, dynamic shared memory, and Numba's flattened parameter block (an array
 argument is meminfo, parent, size, itemsize, data pointer, shape..., strides...; scalars follow
 as int64 / float32 / float64). The parameters sit in one packed buffer at the offsets the driver
-reports for the kernel (cuFuncGetParamInfo), handed to ``cuLaunchKernel`` as its ``extra``
+reports for the kernel (cuFuncGetParamInfo, read once per kernel; natural alignment on drivers
+older than 12.4, which lack it), handed to ``cuLaunchKernel`` as its ``extra``
 (CU_LAUNCH_PARAM_BUFFER_POINTER): one copy, where an array of one pointer per parameter has the
 driver copy ~130 parameters one by one. A call writes only the data pointers of the caller's
 arrays into their places and calls ``cuLaunchKernel`` (``cuLaunchKernelEx`` for a
@@ -18,7 +19,9 @@ on-disk cache) by ``compile_kernel`` for an explicit signature. Numba and cuda.c
 as CUkernels (context-independent handles); a plan launches the CUfunction the driver resolves
 for the current (primary) context once, at the plan's creation, instead of the CUkernel, which
 the driver resolves again at every launch. So the callers check that the arrays' device is the
-current one; CuPy, PyTorch and Numba all work in primary contexts. Together the two cut a launch
+current one; CuPy, PyTorch and Numba all work in primary contexts. A CUfunction belongs to its
+context: after a device reset (a new primary context) the recorded plans and their functions
+are stale, as Numba's own compiled kernels are. Together the two cut a launch
 on the lent H200's host from ~8.7 to ~6.9 us (an empty kernel: ~7.1; 2026-11-27,
 scripts/experiments/launch_cost.py).
 """
@@ -112,33 +115,72 @@ def _driver():
     return _DRIVER
 
 
+_FUNCTIONS: dict = {}       # (CUkernel handle, device) -> CUfunction of its primary context
+_LAYOUTS: dict = {}         # CUfunction -> [(offset, size)] of its parameters
+
+
 def _context_function(kernel_handle) -> int:
-    """The CUfunction of a CUkernel in the current context (cuKernelGetFunction); a CUfunction
-    handle is returned as it is."""
+    """The CUfunction of a CUkernel in the current context (cuKernelGetFunction, once per
+    kernel and device: the backward builds its plans at every call); a CUfunction handle is
+    returned as it is."""
     from cuda.bindings import driver as cu
 
     if isinstance(kernel_handle, cu.CUfunction):
         return int(kernel_handle)
-    err, function = cu.cuKernelGetFunction(cu.CUkernel(int(kernel_handle)))
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise LaunchError(f"cuKernelGetFunction failed: {err!r}")
-    return int(function)
+    key = (int(kernel_handle), current_device())
+    function = _FUNCTIONS.get(key)
+    if function is None:
+        err, handle = cu.cuKernelGetFunction(cu.CUkernel(key[0]))
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise LaunchError(f"cuKernelGetFunction failed: {err!r}")
+        function = _FUNCTIONS[key] = int(handle)
+    return function
 
 
-def _param_layout(function: int, count: int) -> list:
-    """[(offset, size)] in bytes of the ``count`` parameters of a CUfunction, as the driver
-    lays them out (cuFuncGetParamInfo); LaunchError when the kernel has another count."""
+def _param_layout(function: int, sizes: list) -> list:
+    """[(offset, size)] in bytes of a CUfunction's parameters, whose sizes the plan holds as
+    ``sizes``: as the driver lays them out (cuFuncGetParamInfo, CUDA 12.4 and later; read once
+    per kernel), else each at its natural alignment (how NVVM lays out kernel parameters).
+    LaunchError when the driver reports another parameter count or a failure."""
+    layout = _LAYOUTS.get(function)
+    if layout is None:
+        layout = _LAYOUTS[function] = _driver_layout(function, len(sizes))
+    if layout is None:
+        return natural_layout(sizes)
+    if len(layout) != len(sizes):
+        raise LaunchError(f"the kernel takes {len(layout)} parameters (cuFuncGetParamInfo), "
+                          f"the plan holds {len(sizes)}")
+    return layout
+
+
+def _driver_layout(function: int, count: int):
+    """The driver's [(offset, size)] of a CUfunction's parameters (up to ``count`` + 1 asked:
+    a longer list reveals a mismatch), or None where the driver cannot tell (older than 12.4)."""
     from cuda.bindings import driver as cu
 
+    query = getattr(cu, "cuFuncGetParamInfo", None)
+    if query is None:
+        return None
     handle, layout = cu.CUfunction(function), []
     for index in range(count + 1):
-        err, offset, size = cu.cuFuncGetParamInfo(handle, index)
-        if err != cu.CUresult.CUDA_SUCCESS:
+        err, offset, size = query(handle, index)
+        if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:      # past the last parameter
             break
+        if err == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED and index == 0:
+            return None
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise LaunchError(f"cuFuncGetParamInfo failed for parameter {index}: {err!r}")
         layout.append((int(offset), int(size)))
-    if len(layout) != count:
-        raise LaunchError(f"the kernel takes {len(layout)} parameters (cuFuncGetParamInfo), "
-                          f"the plan holds {count}")
+    return layout
+
+
+def natural_layout(sizes) -> list:
+    """[(offset, size)] of parameters of ``sizes`` bytes, each at its natural alignment."""
+    layout, offset = [], 0
+    for size in sizes:
+        offset = -(-offset // size) * size
+        layout.append((offset, size))
+        offset += size
     return layout
 
 
@@ -276,10 +318,11 @@ class LaunchPlan:
 
     def __init__(self, cufunc, params, grid, block, smem=0, pdl=False, keep=()):
         driver = _driver()
-        values, pointer_params = _flat_values(params)
+        sized_bits, pointer_params = _flat_values(params)
         self.func = driver["function"](cufunc.handle)
-        self.values, self.slots, self._extra, self._size = _packed(
-            values, driver["param_layout"](self.func, len(values)), pointer_params)
+        layout = driver["param_layout"](self.func, [size for size, _ in sized_bits])
+        self.values, self.slots, self._extra, self._size = _packed(sized_bits, layout,
+                                                                   pointer_params)
         self.cufunc, self.keep = cufunc, keep
         grid = (grid,) if isinstance(grid, int) else grid
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
@@ -333,14 +376,16 @@ def _flat_values(params):
     return values, pointer_params
 
 
-def _packed(values, layout, pointer_params):
+def _packed(sized_bits, layout, pointer_params):
     """(buffer, pointer slots, extra, size): the parameters written at the driver's ``layout``
     into a buffer of 8-byte words, the word index of each caller data pointer, cuLaunchKernel's
     ``extra`` array naming the buffer and the address of its ``size`` (a c_size_t the plan
     keeps alive); extra and size None for a kernel without parameters."""
+    if len(layout) != len(sized_bits):
+        raise LaunchError(f"{len(layout)} parameter offsets for {len(sized_bits)} parameters")
     total = max((offset + size for offset, size in layout), default=0)
     words = (ctypes.c_uint64 * max(-(-total // 8), 1))()
-    for (size, bits), (offset, driver_size) in zip(values, layout):
+    for (size, bits), (offset, driver_size) in zip(sized_bits, layout):
         if size != driver_size or offset % size:
             raise LaunchError(f"parameter at byte {offset}: the driver expects {driver_size} "
                               f"bytes, the plan holds {size}")
