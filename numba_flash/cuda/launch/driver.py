@@ -164,11 +164,11 @@ def _driver_layout(function: int, count: int):
     handle, layout = cu.CUfunction(function), []
     for index in range(count + 1):
         err, offset, size = query(handle, index)
-        if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:      # past the last parameter
-            break
-        if err == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED and index == 0:
-            return None
         if err != cu.CUresult.CUDA_SUCCESS:
+            if index == 0 and err == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED:
+                return None
+            if index == count or err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:
+                break                                   # past the last parameter
             raise LaunchError(f"cuFuncGetParamInfo failed for parameter {index}: {err!r}")
         layout.append((int(offset), int(size)))
     return layout
