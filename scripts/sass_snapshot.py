@@ -48,6 +48,16 @@ for _d in (64, 128):
                     {"mask_kind": INTERVALS}, True))
 CONFIGS.append(("wgmma_float16_d128_bitmask", "float16", 128, _FLAGS["plain"],
                 {"mask_kind": BITMASK}, True))
+for _flag in ("plain", "causal", "window_sinks", "softcap"):
+    CONFIGS.append((f"wgmma_bfloat16_d256_{_flag}", "bfloat16", 256, _FLAGS[_flag], {}, True))
+for _flag in ("plain", "causal", "window_sinks"):
+    CONFIGS.append((f"wgmma_float16_d96_{_flag}", "float16", 96, _FLAGS[_flag], {}, True))
+CONFIGS.append(("wgmma_bfloat16_d96_intervals", "bfloat16", 96, _FLAGS["causal"],
+                {"mask_kind": INTERVALS}, True))
+CONFIGS.append(("wgmma_float16_d256_intervals", "float16", 256, _FLAGS["causal"],
+                {"mask_kind": INTERVALS}, True))
+CONFIGS.append(("wgmma_float16_d256_varlen_alibi", "float16", 256, _FLAGS["causal"],
+                {"varlen": True, "has_alibi": True}, True))
 # The exact tensor-core kernels (off by default): DMMA float64 and 3xTF32 float32.
 for _exact, _d in (("dmma", 64), ("tf32x3", 64)):
     for _flag in ("causal", "window_sinks", "softcap"):

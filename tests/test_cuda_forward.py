@@ -385,15 +385,17 @@ def test_gpu_no_quadratic_memory():
 
 # ------------------------------------------------------------------ the wgmma path (Hopper)
 def test_wgmma_geometry():
-    """Two warpgroups, 128-row query tiles, 128-key tiles; dynamic shared memory for the Q, K
-    and V tiles, the interval bounds and the 1 KB alignment slack; the mma.sync geometry is
-    unchanged when the path is off (and the simulator never takes it)."""
+    """Two warpgroups, 128-row query tiles, 128-key tiles (64 at head_dim 256); dynamic shared
+    memory for the Q, K and V tiles, the interval bounds and the 1 KB alignment slack; the
+    mma.sync geometry is unchanged when the path is off (and the simulator never takes it)."""
     from numba_flash.cuda.kernels import forward_geometry as forward
 
     assert forward.mma_threads(True) == 256 and forward.mma_threads(False) == 128
     assert forward.mma_block_m(128, True) == 128 and forward.mma_m_tiles(128, True) == 1
     assert forward.mma_block_m(128) == 128 and forward.mma_block_m(256) == 64
-    assert forward.mma_block_n(128, True) == 128
+    assert forward.mma_block_n(128, True) == 128 and forward.mma_block_n(256, True) == 64
+    assert forward.mma_block_m(256, True) == 128
+    assert forward.wgmma_smem_bytes(256, 64) == (128 + 2 * 64) * 256 * 2 + 4 * 64 * 4 + 1024
     assert forward.wgmma_smem_bytes(128, 128) == 3 * 128 * 128 * 2 + 4 * 128 * 4 + 1024
     assert forward.wgmma_smem_bytes(64, 128) == 3 * 128 * 64 * 2 + 4 * 128 * 4 + 1024
     if SIMULATOR:
@@ -410,11 +412,15 @@ def test_wgmma_geometry():
     ("float16", 1, 129, 300, 2, 2, 128, False, (64, 0), 4, None),
     ("bfloat16", 2, 257, 257, 2, 2, 64, False, (-1, -1), 0, 20.0),
     ("float16", 1, 500, 700, 3, 1, 64, True, (-1, -1), 0, None),
+    ("bfloat16", 2, 333, 517, 4, 2, 256, False, (-1, -1), 0, None),
+    ("float16", 1, 300, 300, 2, 1, 256, True, (-1, -1), 0, None),
+    ("float16", 1, 129, 300, 2, 2, 256, False, (64, 0), 4, 30.0),
 ], ids=lambda c: "-".join(map(str, c)))
 def test_gpu_wgmma_and_mma_sync_paths(case, monkeypatch):
-    """On a compute-capability 9.0 GPU the half-precision kernels at head_dim 64 / 128 take the
-    wgmma path; it and the mma.sync path (WGMMA_ENABLED False, as NUMBA_FLASH_WGMMA=0 sets at import) both meet the 2x rule on the same
-    random inputs (odd sizes, several 128-row query tiles, GQA, window + sinks, softcap)."""
+    """On a compute-capability 9.0 GPU the half-precision kernels at head_dim 64 / 128 / 256
+    take the wgmma path; it and the mma.sync path (WGMMA_ENABLED False, as NUMBA_FLASH_WGMMA=0
+    sets at import) both meet the 2x rule on the same random inputs (odd sizes, several
+    128-row query tiles, GQA, window + sinks, softcap)."""
     for enabled in (True, False):
         monkeypatch.setattr(launch, "WGMMA_ENABLED", enabled)
         assert launch.dynamic_smem_bytes(case[0], case[6]) > 0 or not launch.wgmma_device()
@@ -422,7 +428,7 @@ def test_gpu_wgmma_and_mma_sync_paths(case, monkeypatch):
 
 
 def test_wgmma_kernel_compiles_offline():
-    """The wgmma kernels (plain, causal, interval mask) assemble for sm_90a with warpgroup
+    """The wgmma kernels (plain, causal, interval mask, head_dim 96 and 256) assemble for sm_90a with warpgroup
     matrix instructions and no local memory. Needs NVVM and ptxas (the NVIDIA pip wheels named
     in scripts/kernel_resources.py); skipped where they are missing (CI)."""
     import os
@@ -441,8 +447,10 @@ def test_wgmma_kernel_compiles_offline():
         "import os, sys; os.environ['NUMBA_ENABLE_CUDASIM'] = '0'; sys.path.insert(0, 'scripts')\n"
         "import kernel_resources as kr\n"
         "from numba_flash.cuda.kernels import forward_mma as forward\n"
-        "for d, causal, kind in ((128, False, 0), (64, True, 0), (128, False, 1)):\n"
-        "    kern = forward.make_mma_kernel(d, d == 64, False, causal, False, False, True, 128,\n"
+        "for d, causal, kind in ((128, False, 0), (64, True, 0), (128, False, 1), (256, True, 0),\n"
+        "                         (96, False, 0)):\n"
+        "    kern = forward.make_mma_kernel(d, d == 64, False, causal, False, False, True,\n"
+        "                                   64 if d == 256 else 128,\n"
         "                                   mask_kind=kind, m_tiles=1, wgmma=True)\n"
         "    r = kr.report(kern.py_func, kr.forward_signature(True), cc=(9, 0, 'a'))\n"
         "    print(d, causal, kind, r['sass'].count('HGMMA'), r['n_ldl'], r['spill_stores'])\n")
@@ -460,10 +468,12 @@ def test_wgmma_kernel_compiles_offline():
         pytest.skip("NVVM / NVRTC not available: " + res.stderr.strip().splitlines()[-1])
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [line.split() for line in res.stdout.strip().splitlines()]
-    assert len(rows) == 3
+    assert len(rows) == 5
     for d, _, _, n_hgmma, n_ldl, spills in rows:
-        # one HGMMA per k-step of Q K^T (d / 16) and of P V (128 / 16 keys)
-        assert int(n_hgmma) == int(d) // 16 + 8 and int(n_ldl) == 0 and int(spills) == 0, rows
+        # one HGMMA per k-step of Q K^T (d / 16) and of P V (128 / 16 keys; 64 at d 256)
+        keys = 64 if d == "256" else 128
+        assert int(n_hgmma) == int(d) // 16 + keys // 16, rows
+        assert int(n_ldl) == 0 and int(spills) == 0, rows
 
 
 @pytest.mark.parametrize("dtype_name, d", [("float32", 40), ("float16", 72)])

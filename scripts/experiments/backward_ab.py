@@ -7,8 +7,8 @@ alternating processes (kernel changes whose effect is smaller than the spread be
 (swap the package folder: the GPU prelude installs this checkout editable, and that finder wins
 over PYTHONPATH, so PYTHONPATH=TREE runs the working tree's code)
 
-fp16 (4, 16, 4096, D), torch tensors; median ms of 7 forward + backward pairs between CUDA
-events after 2 warm-ups.
+fp16 (4, 16, 4096, D), torch tensors; median ms of --reps (7) forward + backward pairs (or
+backward calls alone, --bwd-only) between CUDA events after 2 warm-ups.
 """
 from __future__ import annotations
 
@@ -21,23 +21,31 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cases", default="128c,128f,64c,256c",
+                    help="head_dim then c (causal) or f (full), comma-separated")
+    ap.add_argument("--bwd-only", action="store_true", help="time attention_backward alone")
+    ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
     import torch
 
     import numba_flash
 
     rows = {}
-    for d, causal in ((128, True), (128, False), (64, True), (256, True)):
+    for case in args.cases.split(","):
+        d, causal = int(case[:-1]), case[-1] == "c"
         q, k, v = (torch.randn(4, 4096, 16, d, device="cuda", dtype=torch.float16)
                    for _ in range(3))
         dout = torch.randn_like(q)
 
+        out, lse = numba_flash.attention(q, k, v, causal=causal, return_lse=True)
+
         def step():
-            out, lse = numba_flash.attention(q, k, v, causal=causal, return_lse=True)
+            if not args.bwd_only:
+                numba_flash.attention(q, k, v, causal=causal, return_lse=True)
             numba_flash.attention_backward(dout, q, k, v, out, lse, causal=causal)
 
-        rows[f"d{d}_{'causal' if causal else 'full'}"] = timed(step, reps=7, warmup=2)
-        del q, k, v, dout
+        rows[f"d{d}_{'causal' if causal else 'full'}"] = timed(step, reps=args.reps, warmup=2)
+        del q, k, v, dout, out, lse
     _report(args, rows, torch)
 
 

@@ -5,22 +5,29 @@ CUDA-core kernel. Which path a call takes on a device is the runtime's choice
 """
 from __future__ import annotations
 
-__all__ = ["MMA_BLOCK_M", "MMA_THREADS", "WG_THREADS", "WG_HEAD_DIMS", "wgmma_smem_bytes", "mma_block_n", "mma_m_tiles", "mma_threads",
+__all__ = ["MMA_BLOCK_M", "MMA_THREADS", "WG_THREADS", "WG_HEAD_DIMS", "wgmma_row_bytes",
+           "wgmma_smem_bytes", "mma_block_n", "mma_m_tiles", "mma_threads",
            "mma_block_m", "mma_q_in_smem", "mma_swizzled", "fma_block_n", "fma_lanes_per_row",
            "fma_rows_per_lane", "fma_threads", "fma_block_m"]
 
 MMA_BLOCK_M = 64
 MMA_THREADS = 128
 WG_THREADS = 256      # the wgmma path: two warpgroups
-WG_HEAD_DIMS = (64, 128)
-WG_BLOCK_N = 128
+WG_HEAD_DIMS = (64, 96, 128, 256)
+
+
+def wgmma_row_bytes(head_dim: int) -> int:
+    """Bytes per row of a wgmma-path tile: head_dim 16-bit values in 64-column blocks of 128
+    bytes (primitives/wgmma.py), the last block only partly used at head_dim 96."""
+    return -(-head_dim // 64) * 128
 
 
 def wgmma_smem_bytes(head_dim: int, block_n: int) -> int:
     """Dynamic shared memory of the wgmma path: Q (128 rows), K and V (block_n rows) tiles of
-    head_dim 16-bit values, the key tile's 4 interval bounds (int32, used by interval masks),
-    plus 1 KB to align the tiles to 1024 bytes."""
-    return (16 * (WG_THREADS // 32) + 2 * block_n) * head_dim * 2 + 16 * block_n + 1024
+    ``wgmma_row_bytes(head_dim)`` per row, the key tile's 4 interval bounds (int32, used by
+    interval masks), plus 1 KB to align the tiles to 1024 bytes."""
+    return ((16 * (WG_THREADS // 32) + 2 * block_n) * wgmma_row_bytes(head_dim) + 16 * block_n
+            + 1024)
 
 
 
@@ -29,10 +36,12 @@ def mma_block_n(head_dim: int, wgmma: bool = False) -> int:
 
     K, V (and the Q tile for head_dim >= 128) must fit 48 KB of static shared memory: at
     head_dim 256 the 32 KB Q tile leaves room for 16-key K and V tiles only. The wgmma path
-    (dynamic shared memory) takes 128-key tiles.
+    (dynamic shared memory) takes 128-key tiles, 64 at head_dim 256: there the output
+    accumulator alone holds 128 registers per thread, and the score and probability fragments of
+    128 keys (96 more) would spill.
     """
     if wgmma:
-        return WG_BLOCK_N
+        return 64 if head_dim > 128 else 128
     if head_dim > 128:
         return 16
     if mma_m_tiles(head_dim) > 1 and head_dim * mma_block_m(head_dim) * 2 > 16384:

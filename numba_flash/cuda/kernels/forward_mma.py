@@ -4,8 +4,9 @@ A block of 4 warps owns a 64-row (two m-tiles: 128-row) query tile, each warp 16
 m-tile; K and V tiles of ``block_n`` keys stream through shared memory (cp.async, 16 bytes per
 copy; B fragments through ldmatrix, transposed for V); scores, running max/sum and the output
 accumulator stay in registers and the score fragment becomes the A operand of P @ V without
-leaving them. On compute capability 9.0 at head_dim 64 / 128 the same walk runs on wgmma (two
-warpgroups, 128x128 tiles in 128-byte-swizzled dynamic shared memory). Inputs are ``uint32``
+leaving them. On compute capability 9.0 at head_dim 64 / 128 / 256 the same walk runs on wgmma
+(two warpgroups, 128-row query tiles, 128-key tiles (64 at head_dim 256) in 128-byte-swizzled
+dynamic shared memory). Inputs are ``uint32``
 views (two 16-bit values per word along head_dim).
 
 Shapes (kernel arguments): q (B, Sq, Hq, D/2), k and v (B, Sk, Hkv, D/2), out (B, Sq, Hq, D/2),
@@ -18,7 +19,8 @@ from numba import cuda
 from numba.cuda import types
 
 from ..primitives import SIMULATOR, cp_async_commit, cp_async_wait_all, fence_proxy_async
-from .forward_geometry import MMA_THREADS, WG_THREADS, mma_q_in_smem, mma_swizzled
+from .forward_geometry import (MMA_THREADS, WG_HEAD_DIMS, WG_THREADS, mma_q_in_smem,
+                               mma_swizzled, wgmma_row_bytes)
 from .forward_mma_tiles import (copy_coords, copy_k_stage, copy_rows, exp_and_pack, init_rows,
                                 ldmatrix_lane, load_q_fragments, mask_tile, pv_mma, pv_wgmma,
                                 qk_mma, qk_wgmma, rescale_acc, score_logits, store_output,
@@ -69,13 +71,14 @@ def _smem_layout(head_dim: int, block_m: int, block_n: int, q_smem: bool, wg: bo
     storing 16-byte chunk c of row r at chunk c ^ (r & 7): with word columns that are
     multiples of 4, that is col ^ ((r & 7) << 2), i.e. XOR SWZ_MASK & ((r & 7) << 2).
     wgmma path: byte offsets in dynamic shared memory of the Q, K and V tiles, each made of
-    64-column blocks of rows x 128 bytes (primitives/wgmma.py; BLK_Q / BLK_K bytes per block),
-    and of the key tile's 4 interval-bound vectors (IV_OFF)."""
+    64-column blocks of rows x 128 bytes (primitives/wgmma.py; BLK_Q / BLK_K bytes per block;
+    at head_dim 96 the second block half used), and of the key tile's 4 interval-bound vectors
+    (IV_OFF)."""
     swz = mma_swizzled(head_dim)
     kw = head_dim // 2 if swz else head_dim // 2 + 4
     qs_rows, qs_cols = (block_m, kw) if q_smem and not wg else (1, 4)
     ks_rows, ks_cols = (1, 4) if wg else (block_n, kw)
-    row_bytes = head_dim * 2
+    row_bytes = wgmma_row_bytes(head_dim) if wg else head_dim * 2
     return (kw, 28 if swz else 0, qs_rows, qs_cols, ks_rows, ks_cols, block_m * 128,
             block_n * 128, 0, block_m * row_bytes, (block_m + block_n) * row_bytes,
             (block_m + 2 * block_n) * row_bytes)
@@ -126,7 +129,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     # to 135 (3 blocks): causal 1.36x slower on the H200 (2026-11-27).
     GROUP_KEYS = group_keys(4 * D, has_right, varlen, enabled=not (wgmma and D == 64))
     if WG:
-        assert MT == 1 and D in (64, 128) and block_n in (64, 128), (MT, D, block_n)
+        assert MT == 1 and D in WG_HEAD_DIMS and block_n in (64, 128), (MT, D, block_n)
     BM, BN = 16 * (THREADS // 32) * MT, block_n
     WROWS = 16 * MT      # rows per warp
     KS, NS, NP, ND, SF, OF = _fragment_counts(D, BN)

@@ -129,7 +129,7 @@ def copy_rows(dst, dst_addr, src, ab, off, row0, limit, hk, cp_row, cp_part, cp_
     ``ps < passes``: into the static shared tile ``dst`` (uint32 (rows, cols), word column
     XOR ``cp_swz``), or with ``wg`` to the shared address ``dst_addr`` (this thread's first
     destination in a 128-byte-swizzled tile; 128 bytes per row, ``blk`` bytes per 64-column
-    block). Commits nothing."""
+    block; segments of 8 chunks are whole blocks, of 4 chunks half blocks). Commits nothing."""
     for ps in range(passes):
         key = row0 + cp_row + ps * rpp
         ok = key < limit
@@ -137,8 +137,11 @@ def copy_rows(dst, dst_addr, src, ab, off, row0, limit, hk, cp_row, cp_part, cp_
         for sg in range(nseg):
             c = (sg * tpl + cp_part) * 4
             if wg:
-                cp_async16_to(dst_addr + ps * rpp * 128 + sg * blk, src, ab, src_row, hk, c,
-                              16 if ok else 0)
+                # The segment's first chunk sg * tpl: block sg * tpl // 8, chunk sg * tpl % 8
+                # in it (4 with 4-chunk segments: this thread's chunk cp_part + 4 < 8, whose
+                # swizzled place is dst_addr's with bit 2 of the chunk index flipped).
+                seg = (dst_addr ^ ((sg * tpl % 8) << 4)) + (sg * tpl // 8) * blk
+                cp_async16_to(seg + ps * rpp * 128, src, ab, src_row, hk, c, 16 if ok else 0)
             else:
                 cp_async16(dst, cp_row + ps * rpp, c ^ cp_swz, src, ab, src_row, hk, c,
                            16 if ok else 0)

@@ -276,6 +276,7 @@ if not SIMULATOR:
         return sig, codegen
 
     _wait16, _wait32, _wait64 = _wait_intrinsic(16), _wait_intrinsic(32), _wait_intrinsic(64)
+    _wait48, _wait128 = _wait_intrinsic(48), _wait_intrinsic(128)
     _ss_f16_64, _ss_f16_128 = _ss_intrinsic(64, False), _ss_intrinsic(128, False)
     _ss_bf16_64, _ss_bf16_128 = _ss_intrinsic(64, True), _ss_intrinsic(128, True)
     _ss_mn_f16_64, _ss_mn_bf16_64 = _ss_intrinsic(64, False, True), _ss_intrinsic(64, True, True)
@@ -284,6 +285,8 @@ if not SIMULATOR:
     _ss_mn_bf16_128 = _ss_intrinsic(128, True, True)
     _rs_f16_64, _rs_f16_128 = _rs_intrinsic(64, False), _rs_intrinsic(128, False)
     _rs_bf16_64, _rs_bf16_128 = _rs_intrinsic(64, True), _rs_intrinsic(128, True)
+    _rs_f16_96, _rs_bf16_96 = _rs_intrinsic(96, False), _rs_intrinsic(96, True)
+    _rs_f16_256, _rs_bf16_256 = _rs_intrinsic(256, False), _rs_intrinsic(256, True)
 
     # Dispatchers on compile-time constants (n, is_bf16) of the calling kernel, as warp.mma16.
     @inlined
@@ -293,8 +296,12 @@ if not SIMULATOR:
             _wait16(acc)
         elif n == 64:
             _wait32(acc)
-        else:
+        elif n == 96:
+            _wait48(acc)
+        elif n == 128:
             _wait64(acc)
+        else:
+            _wait128(acc)
 
     @inlined
     def wgmma_ss(is_bf16, n, acc, desc_a, desc_b, scale_d):
@@ -332,17 +339,26 @@ if not SIMULATOR:
 
     @inlined
     def wgmma_rs(is_bf16, n, acc, a0, a1, a2, a3, desc_b):
-        """m64n{n}k16 accumulating, A in registers, B (MN-major) in shared memory."""
+        """m64n{n}k16 accumulating, A in registers, B (MN-major) in shared memory; n is 64, 96,
+        128 or 256 (n 96: the second 64-column block of B half used)."""
         if is_bf16:
             if n == 64:
                 _rs_bf16_64(acc, a0, a1, a2, a3, desc_b)
-            else:
+            elif n == 96:
+                _rs_bf16_96(acc, a0, a1, a2, a3, desc_b)
+            elif n == 128:
                 _rs_bf16_128(acc, a0, a1, a2, a3, desc_b)
+            else:
+                _rs_bf16_256(acc, a0, a1, a2, a3, desc_b)
         else:
             if n == 64:
                 _rs_f16_64(acc, a0, a1, a2, a3, desc_b)
-            else:
+            elif n == 96:
+                _rs_f16_96(acc, a0, a1, a2, a3, desc_b)
+            elif n == 128:
                 _rs_f16_128(acc, a0, a1, a2, a3, desc_b)
+            else:
+                _rs_f16_256(acc, a0, a1, a2, a3, desc_b)
 
 else:
     def _unavailable(*args):
