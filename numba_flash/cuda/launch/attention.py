@@ -19,7 +19,7 @@ import numpy as np
 from numba.cuda import types
 
 from ..kernels import forward_geometry as geometry
-from ..kernels.forward_dmma import DMMA_THREADS, dmma_block_m, dmma_supported, make_dmma_kernel
+from ..kernels.forward_dmma import DMMA_BLOCK_M, DMMA_THREADS, dmma_supported, make_dmma_kernel
 from ..kernels.forward_fma import make_fma_kernel
 from ..kernels.forward_tf32x3 import make_tf32x3_kernel, tf32x3_geometry, tf32x3_supported
 from ..kernels.forward_mma import make_mma_kernel
@@ -119,7 +119,7 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
     if entry is None and dmma:
         entry = _KERNELS[key] = (make_dmma_kernel(head_dim, has_left, has_right, has_sinks,
                                                   has_softcap, write_lse),
-                                 dmma_block_m(head_dim), DMMA_THREADS)
+                                 DMMA_BLOCK_M, DMMA_THREADS)
     if entry is None:
         extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod,
                      score_mod=score_mod)
