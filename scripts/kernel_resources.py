@@ -140,7 +140,7 @@ def report(py_func, signature, cc=(9, 0)) -> dict:
     return dict(regs=grab(r"Used (\d+) registers"), spill_stores=grab(r"(\d+) bytes spill stores"),
                 spill_loads=grab(r"(\d+) bytes spill loads"), smem=grab(r"(\d+) bytes smem"),
                 ldl_stl_in_loops=loop_spills(sass), n_hmma=sass.count("HMMA"),
-                n_ldl=len(re.findall(r"\bLDL\b", sass)), sass=sass, ptxas_info=info,
+                n_ldl=len(re.findall(r"\bLDL\b", sass)), sass=sass, ptx=ptx, ptxas_info=info,
                 a_overwrites=a_operand_overwrites(sass))
 
 

@@ -92,6 +92,19 @@ def _strip(sass: str) -> str:
     return "\n".join(line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line))
 
 
+def _ptx_body(ptx: str) -> str:
+    """The PTX without its comment lines (the compiler's version banner) and with the mangled
+    names of the kernel and its helpers (they carry module paths and unique ids) numbered in
+    order of appearance: identical text means the same program, whatever ptxas links it."""
+    names: dict = {}
+
+    def number(m):
+        return names.setdefault(m.group(0), f"_F{len(names)}")
+
+    body = "\n".join(line for line in ptx.splitlines() if not line.lstrip().startswith("//"))
+    return re.sub(r"_Z[A-Za-z0-9_$]+", number, body)
+
+
 def parse_args(description: str):
     """The snapshot scripts' command line: an output folder, ``--compare``, ``--only``."""
     ap = argparse.ArgumentParser(description=description)
@@ -103,22 +116,28 @@ def parse_args(description: str):
 
 def snapshot(builds, out: str, compare=None, width: int = 34) -> int:
     """Compile each ``(name, build)`` of ``builds`` (``build()`` -> py_func, signature, cc)
-    offline, write ``out/<name>.sass`` and ``out/summary.txt``, and with ``compare`` (a previous
-    snapshot's folder) print each kernel's verdict; the exit status: 1 if any kernel differs."""
+    offline, write ``out/<name>.sass``, ``out/<name>.ptx`` (``_ptx_body``) and
+    ``out/summary.txt``, and with ``compare`` (a previous snapshot's folder) print each kernel's
+    verdict on its SASS and, where the old snapshot has it, its PTX (identical PTX: identical
+    machine code from any ptxas, the GPU driver's included); the exit status: 1 if any kernel's
+    SASS differs."""
     os.makedirs(out, exist_ok=True)
     rows, differ = [], []
     for name, build_one in builds:
         py_func, sig, cc = build_one()
         r = kr.report(py_func, sig, cc=cc)
-        sass = _strip(r["sass"])
-        with open(os.path.join(out, name + ".sass"), "w") as f:
-            f.write(sass + "\n")
+        sass, ptx = _strip(r["sass"]), _ptx_body(r["ptx"])
+        for ext, text in ((".sass", sass), (".ptx", ptx)):
+            with open(os.path.join(out, name + ext), "w") as f:
+                f.write(text + "\n")
         verdict = ""
         if compare:
-            old_path = os.path.join(compare, name + ".sass")
-            old = open(old_path).read().rstrip("\n") if os.path.exists(old_path) else None
-            verdict = "missing" if old is None else ("same" if old == sass else "DIFFERENT")
-            if verdict != "same":
+            old = [open(p).read().rstrip("\n") if os.path.exists(p) else None
+                   for p in (os.path.join(compare, name + ext) for ext in (".sass", ".ptx"))]
+            verdict = ("missing" if old[0] is None else "same" if old[0] == sass else "DIFFERENT")
+            if old[1] is not None:
+                verdict += ", PTX " + ("same" if old[1] == ptx else "different")
+            if not verdict.startswith("same"):
                 differ.append(name)
         row = (f"{name:{width}} regs {r['regs']:3} spills {r['spill_stores']}/{r['spill_loads']} "
                f"instructions {sass.count(chr(10)) + 1:5} {verdict}")
