@@ -45,7 +45,7 @@ LOG2E = 1.0 / math.log(2.0)
 
 
 # NUMBA_FLASH_WGMMA=0 (read once, at import) keeps compute-capability 9.0 devices on the
-# mma.sync path, for comparisons; by default they take wgmma at head_dim 64 and 128.
+# mma.sync path, for comparisons; by default they take wgmma at the head dims of WG_HEAD_DIMS.
 WGMMA_ENABLED = os.environ.get("NUMBA_FLASH_WGMMA", "1") != "0"
 
 
@@ -59,8 +59,8 @@ def wgmma_device() -> bool:
 
 
 def _wgmma(dtype_name: str, head_dim: int) -> bool:
-    """Whether this call's kernel is the wgmma path (float16 / bfloat16 at head_dim 64 or 128 on
-    a compute-capability 9.0 device)."""
+    """Whether this call's kernel is the wgmma path (float16 / bfloat16 at a head_dim of
+    ``forward_geometry.WG_HEAD_DIMS`` (64, 96, 128, 256) on a compute-capability 9.0 device)."""
     return dtype_name in HALF_NAMES and head_dim in geometry.WG_HEAD_DIMS and wgmma_device()
 
 
