@@ -4,10 +4,10 @@ A block of 4 warps owns a 64-row (two m-tiles: 128-row) query tile, each warp 16
 m-tile; K and V tiles of ``block_n`` keys stream through shared memory (cp.async, 16 bytes per
 copy; B fragments through ldmatrix, transposed for V); scores, running max/sum and the output
 accumulator stay in registers and the score fragment becomes the A operand of P @ V without
-leaving them. On compute capability 9.0 at head_dim 64 / 128 / 256 the same walk runs on wgmma
-(two warpgroups, 128-row query tiles, 128-key tiles (64 at head_dim 256) in 128-byte-swizzled
-dynamic shared memory). Inputs are ``uint32``
-views (two 16-bit values per word along head_dim).
+leaving them. On compute capability 9.0 at head_dim 64 / 96 / 128 / 256 the same walk runs on
+wgmma (two warpgroups, 128-row query tiles, 128-key tiles (64 at head_dim 256) in
+128-byte-swizzled dynamic shared memory). Inputs are ``uint32`` views (two 16-bit values per
+word along head_dim).
 
 Shapes (kernel arguments): q (B, Sq, Hq, D/2), k and v (B, Sk, Hkv, D/2), out (B, Sq, Hq, D/2),
 lse float32 (B, Hq, Sq); any strides. Grid: (number of query tiles, B * Hq).
