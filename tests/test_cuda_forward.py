@@ -67,7 +67,7 @@ def naive_same_dtype(q, k, v, scale, visible, softcap=None, bias=None):
 
 
 def check_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal=False, window=(-1, -1), sinks=0,
-               softcap=None, transpose=False):
+               softcap=None, transpose=False, scale=None):
     shape_q, shape_k = (b, sq, hq, d), (b, sk, hkv, d)
     if transpose:  # (B, H, S, D) storage, passed as strided (B, S, H, D) views
         q = _random(rng, (b, hq, sq, d), dtype_name).transpose(0, 2, 1, 3)
@@ -75,7 +75,7 @@ def check_case(rng, dtype_name, b, sq, sk, hq, hkv, d, causal=False, window=(-1,
         v = _random(rng, (b, hkv, sk, d), dtype_name).transpose(0, 2, 1, 3)
     else:
         q, k, v = (_random(rng, s, dtype_name) for s in (shape_q, shape_k, shape_k))
-    scale = d ** -0.5
+    scale = d ** -0.5 if scale is None else scale
     kw = dict(causal=causal, window_size=window, sinks=sinks, softcap=softcap)
     dq, dk, dv = (_to_device(x) for x in (q, k, v))
     if transpose and not SIMULATOR and dtype_name != "bfloat16":
@@ -253,6 +253,19 @@ def test_arrays_on_different_devices_raise(monkeypatch):
     monkeypatch.setattr(arrays, "interface", fake)
     with pytest.raises(ValueError, match="one device"):
         launch.attention_cuda(q, k, v, softmax_scale=0.1)
+
+
+@pytest.mark.parametrize("dtype_name, d, causal, window, sinks", [
+    ("float16", 64, True, (-1, -1), 0),
+    ("bfloat16", 32, False, (5, 2), 2),
+])
+def test_negative_scale(dtype_name, d, causal, window, sinks):
+    """A negative softmax_scale (legal: it flips the scores) on the tensor-core kernels: the row
+    maximum of the logits is then the row's smallest product (an optimisation that takes the
+    maximum on unscaled products must take the minimum here), and hidden pairs (causal,
+    window, keys past the sequence) still get weight 0."""
+    check_case(np.random.default_rng(d + 3), dtype_name, 1, 20, 37, 2, 1, d, causal, window,
+               sinks, scale=-0.3)
 
 
 # ---------------------------------------------------------------- real GPU only
