@@ -1,9 +1,9 @@
 """Forward-pass benchmark on one GPU: numba-flash against PyTorch SDPA (flash and cuDNN backends)
 and a naive CuPy implementation, all in one process.
 
-Shapes (B, H, N, D): (4, 16, 4096, 128), (16, 16, 1024, 64), (1, 16, 16384, 128),
-(8, 32, 2048, 128); float16 and bfloat16; full and causal. Prints a table with TFLOP/s and
-ratios, writes JSON and a PNG plot.
+Shapes (B, H, N, D): issue 20's table, (4, 16, 4096, 128), (4, 16, 4096, 64), (4, 16, 4096, 96),
+(2, 16, 4096, 256), (16, 16, 1024, 128), then (1, 16, 16384, 128); float16 and bfloat16; full
+and causal. Prints a table with TFLOP/s and ratios, writes JSON and a PNG plot.
 
     python scripts/bench_forward.py --out bench.json --plot bench.png [--quick]
 
@@ -21,7 +21,8 @@ import statistics
 import cupy as cp
 import numpy as np
 
-SHAPES = [(4, 16, 4096, 128), (16, 16, 1024, 64), (1, 16, 16384, 128), (8, 32, 2048, 128)]
+SHAPES = [(4, 16, 4096, 128), (4, 16, 4096, 64), (4, 16, 4096, 96), (2, 16, 4096, 256),
+          (16, 16, 1024, 128), (1, 16, 16384, 128)]
 DTYPES = ["float16", "bfloat16"]
 
 
