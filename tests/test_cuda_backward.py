@@ -446,9 +446,12 @@ def test_runtime_wgmma_kernels_keep_a_operands():
     cubin). The offline test cannot stand for this: the lent H200s link with ptxas 13.0,
     whose allocation reused such registers in a loop where ptxas 13.5's did not (the pipelined
     head_dim 64 loop, removed 2026-11-27: 81-84 writes, wrong dK in deterministic mode)."""
+    import os
     import subprocess
     import sys
     import tempfile
+
+    from offline_sass import ROOT
 
     cp = pytest.importorskip("cupy")
     import numba_flash
@@ -456,8 +459,11 @@ def test_runtime_wgmma_kernels_keep_a_operands():
 
     if not runtime.wgmma_device():
         pytest.skip("needs a compute-capability 9.0 GPU (wgmma)")
-    sys.path.insert(0, "scripts")
-    import kernel_resources as kr
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import kernel_resources as kr
+    finally:
+        sys.path.pop(0)
 
     try:
         cuobjdump = kr._tool("cuobjdump")

@@ -22,6 +22,7 @@ from numba_flash_reference.attention import attention as reference
 from numba_flash_reference.masks import CausalMask, visible_matrix
 
 from gpu_arrays import BF16, poison_outputs, to_device as _to_device, to_host as _to_host
+from offline_sass import run_offline
 
 DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32),
           "float64": np.dtype(np.float64)}
@@ -441,23 +442,11 @@ def test_gpu_wgmma_and_mma_sync_paths(case, monkeypatch):
 
 
 def test_wgmma_kernel_compiles_offline():
-    """The wgmma kernels (plain, causal, interval mask, head_dim 96 and 256) assemble for sm_90a with warpgroup
-    matrix instructions and no local memory. Needs NVVM and ptxas (the NVIDIA pip wheels named
-    in scripts/kernel_resources.py); skipped where they are missing (CI)."""
-    import os
-    import subprocess
-    import sys
-
-    try:
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-        import kernel_resources
-        kernel_resources._tool("ptxas")
-    except (SystemExit, ImportError):
-        pytest.skip("ptxas / NVVM wheels not installed")
-    finally:
-        sys.path.pop(0)
+    """The wgmma kernels (plain, causal, interval mask, head_dim 96 and 256) assemble for sm_90a
+    with warpgroup matrix instructions and no local memory. Needs NVVM and ptxas (the NVIDIA
+    pip wheels named in scripts/kernel_resources.py); skipped where they are missing (CI)."""
     code = (
-        "import os, sys; os.environ['NUMBA_ENABLE_CUDASIM'] = '0'; sys.path.insert(0, 'scripts')\n"
+        "import sys; sys.path.insert(0, 'scripts')\n"
         "import kernel_resources as kr\n"
         "from numba_flash.cuda.kernels import forward_mma as forward\n"
         "for d, causal, kind in ((128, False, 0), (64, True, 0), (128, False, 1), (256, True, 0),\n"
@@ -467,20 +456,8 @@ def test_wgmma_kernel_compiles_offline():
         "                                   mask_kind=kind, m_tiles=1, wgmma=True)\n"
         "    r = kr.report(kern.py_func, kr.forward_signature(True), cc=(9, 0, 'a'))\n"
         "    print(d, causal, kind, r['sass'].count('HGMMA'), r['n_ldl'], r['spill_stores'])\n")
-    root = os.path.join(os.path.dirname(__file__), "..")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    try:
-        res = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
-                             text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        pytest.fail("offline compile took over 10 minutes")
-    # NVVM and NVRTC come from the NVIDIA wheels (or a CUDA toolkit); a machine with ptxas on
-    # its PATH but without them (CI's has nvcc alone) cannot compile offline: skip, naming why.
-    missing = ("NVVM", "libnvvm", "libnvrtc", "DynamicLibNotFoundError")
-    if res.returncode != 0 and any(word in res.stderr for word in missing):
-        pytest.skip("NVVM / NVRTC not available: " + res.stderr.strip().splitlines()[-1])
-    assert res.returncode == 0, res.stderr[-2000:]
-    rows = [line.split() for line in res.stdout.strip().splitlines()]
+    lines = run_offline(code)
+    rows = [line.split() for line in lines]
     assert len(rows) == 5
     for d, _, _, n_hgmma, n_ldl, spills in rows:
         # one HGMMA per k-step of Q K^T (d / 16) and of P V (128 / 16 keys; 64 at d 256)
