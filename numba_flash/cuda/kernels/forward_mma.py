@@ -124,6 +124,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     WG = bool(wgmma)
     THREADS = WG_THREADS if WG else MMA_THREADS
     NEG_INF = np.float32(-np.inf)       # the lse of packed rows no block computes
+    POS_INF = np.float32(np.inf)
     # The grid's order (schedule.py). Not at head_dim 64 on wgmma: that kernel sits at 127
     # registers (4 blocks per multiprocessor) and the grouped order's index arithmetic took it
     # to 135 (3 blocks): causal 1.36x slower on the H200 (2026-11-27).
@@ -154,6 +155,11 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
     mod = mask_mod_device(mask_mod)
     SCORE_MOD = score_mod is not None
     smod = score_mod_device(score_mod)
+    # Raw scores (wgmma path): without a softcap, ALiBi or score_mod the logit is scale_log2 *
+    # q.k, so the scores stay unscaled until the exponent, where scale and max subtraction are
+    # one FFMA. Not on mma.sync: its two-m-tile kernels sit at the register cap, and the
+    # max / min branch pair made the head_dim 64 window kernel spill.
+    RAW = WG and not (has_softcap or ALIBI or SCORE_MOD)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
@@ -216,6 +222,9 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         words = cuda.local.array(RUN_N, types.uint32)     # bitmask words of the rows
 
         offset = seqlen_k - seqlen_q
+        # What the mask writes for a hidden pair: -inf, or +inf for raw scores under a
+        # negative scale (the scale makes it -inf).
+        hidden = np.float32(POS_INF) if RAW and scale_log2 < 0 else np.float32(NEG_INF)
         wrow = qtile * BM + warp * WROWS     # first row of this warp
         row0 = wrow + g                      # rows of m-tile 0 (the register-Q path has MT = 1)
         row1 = row0 + 8
@@ -288,14 +297,16 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
 
             # Scores to base-2 logits; per-element mask in its own pass behind one block-uniform
             # branch, so that tiles without masked pairs run straight-line code; online softmax.
-            score_logits(s, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, scale_log2, cap_in,
-                         cap_out, slope, smod, NS, SF, MT, has_softcap, ALIBI, SCORE_MOD)
+            if not RAW:
+                score_logits(s, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, scale_log2,
+                             cap_in, cap_out, slope, smod, NS, SF, MT, has_softcap, ALIBI,
+                             SCORE_MOD)
             if not full:
                 mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, window_left,
                           window_right, sinks, mk_iv, mk_bits, sbase + IV_OFF, mod, NS, SF, RUN_N,
-                          BN, KIND, IV_SMEM, has_left, has_right, has_sinks)
-            update_row_max(s, m_run, mx, mu, alpha, NS, SF, MT, RUN_N)
-            exp_and_pack(s, pk, mx, mu, alpha, l_run, NS, SF, MT, RUN_N, BF16)
+                          BN, KIND, IV_SMEM, has_left, has_right, has_sinks, hidden)
+            update_row_max(s, m_run, mx, mu, alpha, NS, SF, MT, RUN_N, RAW, scale_log2)
+            exp_and_pack(s, pk, mx, mu, alpha, l_run, NS, SF, MT, RUN_N, BF16, RAW, scale_log2)
             rescale_acc(acc, alpha, ND, OF, MT)
 
             cp_async_wait_all()

@@ -28,6 +28,7 @@ __all__ = ["store_output", "ldmatrix_lane", "copy_coords", "load_q_fragments", "
            "wgmma_tiles", "copy_k_stage"]
 
 NEG_INF = -math.inf
+POS_INF = math.inf
 
 
 @inlined
@@ -294,9 +295,10 @@ def score_logits(s, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, scale_log2
 @inlined
 def mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, window_left,
               window_right, sinks, mk_iv, mk_bits, iv_addr, mod, ns, sf, run_n, bn, kind,
-              iv_smem, has_left, has_right, has_sinks):
-    """Per-element mask of a partial key tile: logits ``s`` (float32, S accumulator layout) of
-    invisible (row, key) pairs become -inf. Visible: key inside the sequence, inside the
+              iv_smem, has_left, has_right, has_sinks, hidden):
+    """Per-element mask of a partial key tile: scores ``s`` (float32, S accumulator layout) of
+    invisible (row, key) pairs become ``hidden`` (-inf; +inf for raw scores under a negative
+    scale, which the scale turns into -inf). Visible: key inside the sequence, inside the
     window (``has_left`` / ``has_right``, bottom-right aligned by ``offset``) or a sink
     (``has_sinks``), and by the mask object ``kind``: INTERVALS (the key column's 4 bounds
     from ``mk_iv`` int32 (4, Sk), or with ``iv_smem`` from the shared copy at ``iv_addr``: 4 x
@@ -347,29 +349,45 @@ def mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, window
                     if vis and row < seqlen_q:
                         vis = mod(b, h, qpos, kpos)
                 e = (r >> 1) * sf + j * 4 + c + 2 * (r & 1)
-                s[e] = s[e] if vis else np.float32(NEG_INF)
+                s[e] = s[e] if vis else hidden
 
 
 @inlined
-def update_row_max(s, m_run, mx, mu, alpha, ns, sf, m_tiles, run_n):
-    """Online softmax, step 1: the tile's row maxima of the logits ``s`` (float32, S
-    accumulator layout), reduced over the lane quad that holds a row, update the running
-    maxima ``m_run``; ``alpha = exp2(m_old - m_new)`` rescales the old sums and output, ``mu``
-    is the maximum to subtract (0 for a row that has seen no key yet: exp2 then gives 0).
+def update_row_max(s, m_run, mx, mu, alpha, ns, sf, m_tiles, run_n, raw, scale_log2):
+    """Online softmax, step 1: the tile's row maxima of the logits, reduced over the lane quad
+    that holds a row, update the running maxima ``m_run`` (base-2 logits); ``alpha = exp2(m_old
+    - m_new)`` rescales the old sums and output, ``mu`` is the maximum to subtract (0 for a row
+    that has seen no key yet: exp2 then gives 0). ``s`` (float32, S accumulator layout) holds
+    the logits, or with ``raw`` the unscaled products, whose logits are ``scale_log2 s``: their
+    row maximum is scale times the row's largest product, or smallest under a negative scale.
     ``mx`` (maxima scratch) is left at 0 for the row sums. Row arrays float32 (``run_n`` =
     2 m_tiles, index ``2 mt + half``)."""
+    negative = raw and scale_log2 < 0       # block-uniform
     for i in range(run_n):
-        mx[i] = np.float32(NEG_INF)
-    for j in range(ns):
-        for e in range(4):
-            for mt in range(m_tiles):
-                r = 2 * mt + (e >> 1)
-                mx[r] = max(mx[r], s[mt * sf + j * 4 + e])
+        mx[i] = np.float32(POS_INF) if negative else np.float32(NEG_INF)
+    if negative:
+        for j in range(ns):
+            for e in range(4):
+                for mt in range(m_tiles):
+                    r = 2 * mt + (e >> 1)
+                    mx[r] = min(mx[r], s[mt * sf + j * 4 + e])
+    else:
+        for j in range(ns):
+            for e in range(4):
+                for mt in range(m_tiles):
+                    r = 2 * mt + (e >> 1)
+                    mx[r] = max(mx[r], s[mt * sf + j * 4 + e])
     for r in range(run_n):
         # The 4 lanes of a quad hold one row: reduce across them.
         x = mx[r]
-        x = max(x, shfl_xor(x, 1))
-        x = max(x, shfl_xor(x, 2))
+        if negative:
+            x = min(x, shfl_xor(x, 1))
+            x = min(x, shfl_xor(x, 2))
+        else:
+            x = max(x, shfl_xor(x, 1))
+            x = max(x, shfl_xor(x, 2))
+        if raw:
+            x = x * scale_log2
         m_new = max(m_run[r], x)
         # A row that has seen no key yet keeps m = -inf; subtract 0 then so exp2 gives 0.
         mu[r] = m_new if m_new != NEG_INF else np.float32(0.0)
@@ -379,8 +397,9 @@ def update_row_max(s, m_run, mx, mu, alpha, ns, sf, m_tiles, run_n):
 
 
 @inlined
-def exp_and_pack(s, pk, mx, mu, alpha, l_run, ns, sf, m_tiles, run_n, bf16):
-    """Online softmax, step 2: P = exp2(S - mu), packed at once to 16-bit pairs into ``pk``
+def exp_and_pack(s, pk, mx, mu, alpha, l_run, ns, sf, m_tiles, run_n, bf16, raw, scale_log2):
+    """Online softmax, step 2: P = exp2(S - mu) (``raw``: exp2(scale_log2 S - mu), one FFMA
+    per score), packed at once to 16-bit pairs into ``pk``
     (uint32, ``m_tiles * sf / 2``, same order as ``s``: the A operand of P V; half the
     registers of the fp32 scores stay live across the barrier that follows); the tile's row
     sums (``mx``) join the running per-lane partial sums ``l_run = l_run alpha + sum`` (the
@@ -389,8 +408,14 @@ def exp_and_pack(s, pk, mx, mu, alpha, l_run, ns, sf, m_tiles, run_n, bf16):
         for e in range(0, 4, 2):
             for mt in range(m_tiles):
                 r = 2 * mt + (e >> 1)
-                p0 = exp2(s[mt * sf + j * 4 + e] - mu[r])
-                p1 = exp2(s[mt * sf + j * 4 + e + 1] - mu[r])
+                x0 = s[mt * sf + j * 4 + e]
+                x1 = s[mt * sf + j * 4 + e + 1]
+                if raw:
+                    p0 = exp2(x0 * scale_log2 - mu[r])
+                    p1 = exp2(x1 * scale_log2 - mu[r])
+                else:
+                    p0 = exp2(x0 - mu[r])
+                    p1 = exp2(x1 - mu[r])
                 mx[r] += p0 + p1
                 pk[(mt * sf + j * 4 + e) >> 1] = pack16(bf16, p0, p1)
     for r in range(run_n):
