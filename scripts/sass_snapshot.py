@@ -139,8 +139,10 @@ def snapshot(builds, out: str, compare=None, width: int = 34) -> int:
                 verdict += ", PTX " + ("same" if old[1] == ptx else "different")
             if not verdict.startswith("same"):
                 differ.append(name)
+        # LDL counts local-memory loads of any kind: spills, and local arrays ptxas could not
+        # keep in registers (indices not constant: a loop left rolled), which "spills" misses.
         row = (f"{name:{width}} regs {r['regs']:3} spills {r['spill_stores']}/{r['spill_loads']} "
-               f"instructions {sass.count(chr(10)) + 1:5} {verdict}")
+               f"LDL {r['n_ldl']:3} instructions {sass.count(chr(10)) + 1:5} {verdict}")
         rows.append(row)
         print(row, flush=True)
     with open(os.path.join(out, "summary.txt"), "w") as f:

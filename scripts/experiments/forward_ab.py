@@ -53,6 +53,8 @@ def main():
         return
     for name, (b, n, d, dtype) in {
             "float16_d64": (4, 4096, 64, torch.float16),
+            "float16_d96": (4, 4096, 96, torch.float16),
+            "float16_d128": (4, 4096, 128, torch.float16),
             "bfloat16_d128": (4, 4096, 128, torch.bfloat16),
             "float16_d256": (2, 4096, 256, torch.float16),
             "float32_d64": (2, 2048, 64, torch.float32),
