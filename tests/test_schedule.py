@@ -13,29 +13,27 @@ def _order(n_qtiles, n_rows, seqlen_k, ratio, row_bytes):
     return [tuple(int(v) for v in item) for item in order]
 
 
-@pytest.mark.parametrize("n_qtiles, n_rows, seqlen_k, ratio", [
-    (8, 64, 1024, 1),        # (4, 16, 1024, 128) causal: 16-row groups
-    (32, 64, 4096, 1),       # 4-row groups
-    (5, 7, 300_000, 1),      # a row's K / V beyond the budget: groups of one row
-    (3, 13, 4096, 4),        # GQA: 4 kv heads' worth of rows, all 13 in one group
-    (3, 20, 8192, 4),        # GQA: 8-row groups of whole kv heads, a short last group
-    (1, 9, 10, 1),           # one query tile
-    (7, 3, 1, 8),            # one key: the group is every row
+@pytest.mark.parametrize("n_qtiles, n_rows, seqlen_k, ratio, group", [
+    (8, 64, 1024, 1, 16),       # (4, 16, 1024, 128) causal: 16 rows' K / V in 8 MB
+    (32, 64, 4096, 1, 4),
+    (5, 7, 300_000, 1, 1),      # a row's K / V beyond the budget: groups of one row
+    (3, 13, 4096, 4, 13),       # GQA: 4 kv heads' worth of rows, all 13 in one group
+    (3, 20, 8192, 4, 8),        # GQA: 8-row groups of whole kv heads, a short last group
+    (1, 9, 10, 1, 9),           # one query tile
+    (7, 3, 1, 8, 3),            # one key: the group is every row
 ])
-def test_every_tile_once_longest_first_within_groups(n_qtiles, n_rows, seqlen_k, ratio):
+def test_every_tile_once_longest_first_within_groups(n_qtiles, n_rows, seqlen_k, ratio, group):
+    """``group``: the rows per group the budget allows (written out by hand from 8 MB / (4 *
+    128 bytes per key), not recomputed by the test), whole kv heads of ``ratio`` rows."""
     row_bytes = 4 * 128
     order = _order(n_qtiles, n_rows, seqlen_k, ratio, row_bytes)
     assert sorted((row, q) for q, _, row in order) == \
         [(r, q) for r in range(n_rows) for q in range(n_qtiles)]
     assert all(x == n_qtiles - 1 - q for q, x, _ in order)
-    group = min(max(1, L2_GROUP_BYTES // row_bytes // seqlen_k) * ratio, n_rows)
-    assert group % ratio == 0 or group == n_rows
-    kv_heads = group // ratio
-    assert kv_heads == 1 or kv_heads * seqlen_k * row_bytes <= L2_GROUP_BYTES
     for start in range(0, len(order), group * n_qtiles):
         chunk = order[start:start + group * n_qtiles]
-        rows = {row for _, _, row in chunk}
-        assert rows == set(range(start // n_qtiles, start // n_qtiles + len(rows)))
+        first = start // n_qtiles
+        assert {row for _, _, row in chunk} == set(range(first, min(first + group, n_rows)))
         tiles = [q for q, _, _ in chunk]
         assert tiles == sorted(tiles, reverse=True)      # longest (causal) tiles first
 
