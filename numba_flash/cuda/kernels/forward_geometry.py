@@ -30,7 +30,6 @@ def wgmma_smem_bytes(head_dim: int, block_n: int) -> int:
             + 1024)
 
 
-
 def mma_block_n(head_dim: int, wgmma: bool = False) -> int:
     """Keys per K/V tile of the tensor-core kernel.
 

@@ -224,7 +224,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         offset = seqlen_k - seqlen_q
         # What the mask writes for a hidden pair: -inf, or +inf for raw scores under a
         # negative scale (the scale makes it -inf).
-        hidden = np.float32(POS_INF) if RAW and scale_log2 < 0 else np.float32(NEG_INF)
+        hidden = POS_INF if RAW and scale_log2 < 0 else NEG_INF
         wrow = qtile * BM + warp * WROWS     # first row of this warp
         row0 = wrow + g                      # rows of m-tile 0 (the register-Q path has MT = 1)
         row1 = row0 + 8
