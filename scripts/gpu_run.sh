@@ -8,6 +8,8 @@
 #   bash scripts/gpu_run.sh bench2     # exact precisions with the tensor-core kernels, decode
 #   bash scripts/gpu_run.sh backward   # the backward's tests, fp16 / bf16 benchmark, memcheck
 #   bash scripts/gpu_run.sh first      # first call per operation in fresh processes, cold / warm
+#   bash scripts/gpu_run.sh forward    # forward against the peers at head_dim 96 / 128 / 256,
+#                                      # memcheck / racecheck of the wgmma forward kernels
 #
 # Every step writes its raw output under $OUT (default ./out) and prints a short tail.
 set -uo pipefail
@@ -59,7 +61,16 @@ case "${1:-}" in
       cuda.core, cuda.bindings)))") > /dev/null 2>&1
     timeout 500 python scripts/bench_first_call.py --json "$OUT/first_call.json" \
       | tee "$OUT/first_call.log" | tail -16 ;;
+  forward)
+    timeout 240 python scripts/bench_forward.py --shape 4,16,4096,96 --shape 4,16,4096,128 \
+      --shape 2,16,4096,256 --no-naive --out "$OUT/forward.json" --plot "$OUT/forward.png" \
+      | tail -16
+    for tool in memcheck racecheck; do
+      timeout -k 5 100 compute-sanitizer --tool $tool --report-api-errors no \
+        python scripts/sanitize_case.py --head-dims 96,128,256 > "$OUT/sanitize_${tool}_ws.log" 2>&1
+      echo "$tool exit $?"; tail -1 "$OUT/sanitize_${tool}_ws.log"
+    done ;;
   *)
-    echo "usage: bash scripts/gpu_run.sh tests|memcheck|racecheck|bench|bench2|backward|first" >&2
+    echo "usage: bash scripts/gpu_run.sh tests|memcheck|racecheck|bench|bench2|backward|first|forward" >&2
     exit 2 ;;
 esac

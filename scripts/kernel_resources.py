@@ -117,11 +117,16 @@ def _offline_device(cc):
         dispatcher.get_current_device = real
 
 
-def report(py_func, signature, cc=(9, 0)) -> dict:
+def report(py_func, signature, cc=(9, 0), maxntid=None) -> dict:
     """Compile ``py_func`` (a kernel's Python function, e.g. ``dispatcher.py_func``) for
-    ``signature`` and compute capability ``cc`` offline; resources and SASS as a dict."""
+    ``signature`` and compute capability ``cc`` offline; resources and SASS as a dict.
+    ``maxntid``: the kernel's launch bound in threads (what ``cuda.jit(launch_bounds=...)``
+    puts in the PTX; ptxas keeps the registers within it)."""
     with _offline_device(cc):
         ptx, _ = cuda.compile_ptx(py_func, signature, cc=cc)
+    if maxntid:
+        body = ptx.index("{", ptx.index(".entry"))
+        ptx = ptx[:body] + f".maxntid {int(maxntid)}, 1, 1\n" + ptx[body:]
     arch = f"sm_{cc[0]}{cc[1]}{cc[2] if len(cc) > 2 else ''}"
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

@@ -5,7 +5,9 @@
 Default: every dtype (float16, bfloat16, float32, float64) at head_dim 64 with full, causal and
 window (9, 5) + 3 sinks masks (Sq=77, Sk=93, GQA 2). With --head-dims, the half-precision kernels
 at those head_dims (128 and 256 keep Q in shared memory; 256 uses 16-key tiles): float16 causal
-and bfloat16 window + sinks, and the exact kernels: float32 causal, float64 window + sinks.
+and bfloat16 window + sinks, float16 full and causal at Sq=300, Sk=700 (more key tiles than the
+warp-specialised kernel's ring has stages), and the exact kernels: float32 causal, float64
+window + sinks.
 """
 import argparse
 
@@ -15,8 +17,8 @@ import torch
 from numba_flash.cuda.launch.attention import attention_cuda
 
 
-def run(dtype, d, causal, window, sinks, rng):
-    shape_q, shape_k = (1, 77, 2, d), (1, 93, 1, d)
+def run(dtype, d, causal, window, sinks, rng, seqlens=(77, 93)):
+    shape_q, shape_k = (1, seqlens[0], 2, d), (1, seqlens[1], 1, d)
     if dtype == "bfloat16":
         q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(shape_k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -35,6 +37,8 @@ def main():
     if args.head_dims:
         for d in (int(x) for x in args.head_dims.split(",")):
             run("float16", d, True, (-1, -1), 0, rng)
+            run("float16", d, False, (-1, -1), 0, rng, (300, 700))   # more key tiles than
+            run("float16", d, True, (-1, -1), 0, rng, (300, 700))    # the ring has stages
             run("bfloat16", d, False, (9, 5), 3, rng)
             run("float32", d, True, (-1, -1), 0, rng)
             run("float64", d, False, (9, 5), 3, rng)

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import kernel_resources as kr  # noqa: E402  (sets NUMBA_ENABLE_CUDASIM=0)
 
 from numba_flash.cuda.kernels import forward_dmma, forward_fma, forward_mma, forward_tf32x3  # noqa: E402,E501
+from numba_flash.cuda.kernels import forward_ws  # noqa: E402
 from numba_flash.cuda.kernels import forward_geometry as geometry  # noqa: E402
 from numba_flash.cuda.kernels.masking import BITMASK, INTERVALS  # noqa: E402
 
@@ -62,6 +63,18 @@ CONFIGS.append(("wgmma_float16_d256_varlen_alibi", "float16", 256, _FLAGS["causa
 for _exact, _d in (("dmma", 64), ("tf32x3", 64)):
     for _flag in ("causal", "window_sinks", "softcap"):
         CONFIGS.append((f"{_exact}_d{_d}_{_flag}", _exact, _d, _FLAGS[_flag], {}, False))
+
+# The warp-specialised wgmma kernel (plain / causal, head_dim 96 / 128 / 256).
+WS_CONFIGS = [("ws_float16_d96_plain", False, 96, False),
+              ("ws_float16_d128_plain", False, 128, False),
+              ("ws_bfloat16_d128_causal", True, 128, True),
+              ("ws_float16_d256_causal", False, 256, True)]
+
+
+def build_ws(is_bf16: bool, head_dim: int, causal: bool):
+    """(py_func, signature, cc, maxntid) of one warp-specialised configuration."""
+    kern = forward_ws.make_ws_kernel(head_dim, is_bf16, False, causal, False, True)
+    return kern.py_func, kr.forward_signature(True), (9, 0, "a"), forward_ws.WS_THREADS
 
 
 def build(dtype: str, head_dim: int, flags, extra: dict, wgmma: bool):
@@ -115,7 +128,8 @@ def parse_args(description: str):
 
 
 def snapshot(builds, out: str, compare=None, width: int = 34) -> int:
-    """Compile each ``(name, build)`` of ``builds`` (``build()`` -> py_func, signature, cc)
+    """Compile each ``(name, build)`` of ``builds`` (``build()`` -> py_func, signature, cc and
+    optionally the launch bound in threads)
     offline, write ``out/<name>.sass``, ``out/<name>.ptx`` (``_ptx_body``) and
     ``out/summary.txt``, and with ``compare`` (a previous snapshot's folder) print each kernel's
     verdict on its SASS and, where the old snapshot has it, its PTX (identical PTX: identical
@@ -124,8 +138,8 @@ def snapshot(builds, out: str, compare=None, width: int = 34) -> int:
     os.makedirs(out, exist_ok=True)
     rows, differ = [], []
     for name, build_one in builds:
-        py_func, sig, cc = build_one()
-        r = kr.report(py_func, sig, cc=cc)
+        py_func, sig, cc, *maxntid = build_one()
+        r = kr.report(py_func, sig, cc=cc, maxntid=maxntid[0] if maxntid else None)
         sass, ptx = _strip(r["sass"]), _ptx_body(r["ptx"])
         for ext, text in ((".sass", sass), (".ptx", ptx)):
             with open(os.path.join(out, name + ext), "w") as f:
@@ -158,6 +172,8 @@ def main():
     builds = [(name, lambda c=(dtype, d, flags, extra, wg): build(*c))
               for name, dtype, d, flags, extra, wg in CONFIGS
               if not args.only or args.only in name]
+    builds += [(name, lambda c=(bf16, d, causal): build_ws(*c))
+               for name, bf16, d, causal in WS_CONFIGS if not args.only or args.only in name]
     sys.exit(snapshot(builds, args.out, args.compare))
 
 

@@ -466,6 +466,56 @@ def test_wgmma_kernel_compiles_offline():
         assert int(n_ldl) == 0 and int(spills) == 0, rows
 
 
+@gpu
+@pytest.mark.parametrize("dtype_name, d, sq, sk, causal, scale", [
+    ("float16", 128, 300, 700, False, None),     # more key tiles than the ring's 3 stages
+    ("bfloat16", 128, 300, 700, True, None),
+    ("float16", 96, 257, 1000, True, None),
+    ("float16", 256, 200, 500, False, None),     # 2 stages, 64-key tiles
+    ("bfloat16", 256, 130, 300, True, -0.07),    # a negative scale (row minimum)
+    ("float16", 128, 500, 200, True, None),      # Sk < Sq, causal: leading rows see no key
+    ("float16", 96, 64, 100, False, None),       # one key tile
+])
+def test_warp_specialised_kernel(dtype_name, d, sq, sk, causal, scale):
+    """The warp-specialised kernel (plain / causal at head_dim 96 / 128 / 256 on a
+    compute-capability 9.0 GPU) against the float64 reference, GQA 2, two batches: the ring's
+    wrap, one tile, query tiles without keys, a negative scale."""
+    if not launch.wgmma_device():
+        pytest.skip("the warp-specialised kernel runs on compute capability 9.0 only")
+    entry = launch.kernel_for(dtype_name, d, False, causal, False, False, True)
+    assert entry.threads == 384 and entry.smem_bytes > 48 * 1024
+    check_case(np.random.default_rng(d + sq), dtype_name, 2, sq, sk, 4, 2, d, causal=causal,
+               scale=scale)
+
+
+def test_warp_specialised_kernel_compiles_offline():
+    """The warp-specialised wgmma kernel (kernels/forward_ws.py) at head_dim 96 / 128 / 256,
+    plain and causal, float16 and bfloat16, compiled with its launch bound (384 threads): one
+    HGMMA per k-step of Q K^T and of P V, 168 registers at launch (exactly, where the producer
+    hands registers to the consumers), no local memory, no serialised wgmma, no write to the
+    registers of a running P V's A operand. Needs NVVM and ptxas (skipped in CI)."""
+    code = (
+        "import sys; sys.path.insert(0, 'scripts')\n"
+        "import kernel_resources as kr\n"
+        "from numba_flash.cuda.kernels import forward_ws as ws\n"
+        "for d, causal, bf16 in ((128, False, False), (128, True, True), (96, False, False),\n"
+        "                        (96, True, True), (256, True, False)):\n"
+        "    kern = ws.make_ws_kernel(d, bf16, False, causal, False, True)\n"
+        "    r = kr.report(kern.py_func, kr.forward_signature(True), cc=(9, 0, 'a'),\n"
+        "                  maxntid=ws.WS_THREADS)\n"
+        "    print(d, r['sass'].count('HGMMA'), r['regs'], r['n_ldl'], r['spill_stores'],\n"
+        "          int('serializ' in r['ptxas_info']), r['a_overwrites'])\n")
+    rows = [line.split() for line in run_offline(code)]
+    assert len(rows) == 5
+    for d, n_hgmma, regs, n_ldl, spills, serialised, a_overwrites in rows:
+        assert int(n_hgmma) == int(d) // 16 + (64 if d == "256" else 128) // 16, rows
+        # exactly 168 where the producer hands registers over (else the consumers' setmaxnreg
+        # waits forever), at most 168 otherwise
+        assert int(regs) == 168 or (int(regs) < 168 and d != "256"), rows
+        assert int(n_ldl) == 0 and int(spills) == 0, rows
+        assert serialised == "0" and a_overwrites == "0", rows
+
+
 @pytest.mark.parametrize("dtype_name, d", [("float32", 40), ("float16", 72)])
 def test_other_head_dims_are_padded(dtype_name, d):
     """A head dim no kernel takes as it is (a multiple of 8 up to 256) runs on the next kernel

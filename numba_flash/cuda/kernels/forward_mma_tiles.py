@@ -25,7 +25,7 @@ from ..primitives.base import inlined
 __all__ = ["store_output", "ldmatrix_lane", "copy_coords", "load_q_fragments", "init_rows",
            "copy_rows", "mma_pair", "qk_mma", "qk_wgmma", "pv_mma", "pv_wgmma", "score_logits",
            "mask_tile", "update_row_max", "exp_and_pack", "rescale_acc", "copy_bounds",
-           "wgmma_tiles", "copy_k_stage"]
+           "wgmma_tiles", "copy_k_stage", "qk_wgmma_start", "pv_wgmma_start"]
 
 NEG_INF = -math.inf
 POS_INF = math.inf
@@ -202,13 +202,14 @@ def qk_mma(s, qs, qf, ks, warp, v_row, v_col, swz, k_steps, ns, sf, s_n, wrows, 
 
 
 @inlined
-def qk_wgmma(s, dq, dk, k_steps, bn, blk_q, blk_k, bf16):
-    """S = Q K^T of one key tile on wgmma m64n{bn}k16 (this warpgroup's 64 query rows, fp32
-    accumulation into ``s``, float32 ``bn / 2``: the mma.sync accumulator layout of the warp's
-    16 rows). Q and K are K-major in 128-byte-swizzled shared tiles (descriptors ``dq`` /
-    ``dk``, uint64); k-step kk is column block kk // 4 (``blk_q`` / ``blk_k`` bytes each), 32
-    bytes per step inside it (descriptor addresses count 16-byte units); the first step
-    overwrites ``s`` (scale-d 0). Waits for the result."""
+def qk_wgmma_start(s, dq, dk, k_steps, bn, blk_q, blk_k, bf16):
+    """Issue S = Q K^T of one key tile on wgmma m64n{bn}k16 (this warpgroup's 64 query rows,
+    fp32 accumulation into ``s``, float32 ``bn / 2``: the mma.sync accumulator layout of the
+    warp's 16 rows) as one committed group; ``s`` is undefined until a ``wgmma_wait`` that
+    passes it through. Q and K are K-major in 128-byte-swizzled shared tiles (descriptors
+    ``dq`` / ``dk``, uint64); k-step kk is column block kk // 4 (``blk_q`` / ``blk_k`` bytes
+    each), 32 bytes per step inside it (descriptor addresses count 16-byte units); the first
+    step overwrites ``s`` (scale-d 0)."""
     wgmma_fence()
     for kk in range(k_steps):
         wgmma_ss(bf16, bn, s,
@@ -216,6 +217,12 @@ def qk_wgmma(s, dq, dk, k_steps, bn, blk_q, blk_k, bf16):
                  dk + np.uint64((kk // 4) * (blk_k >> 4) + (kk % 4) * 2),
                  0 if kk == 0 else 1)
     wgmma_commit()
+
+
+@inlined
+def qk_wgmma(s, dq, dk, k_steps, bn, blk_q, blk_k, bf16):
+    """S = Q K^T of one key tile on wgmma (``qk_wgmma_start``), waiting for the result."""
+    qk_wgmma_start(s, dq, dk, k_steps, bn, blk_q, blk_k, bf16)
     wgmma_wait(bn, s)
 
 
@@ -249,18 +256,25 @@ def pv_mma(acc, pk, vs, v_row, v_col, swz, p_steps, nd, sf, of, m_tiles, bf16):
 
 
 @inlined
-def pv_wgmma(acc, pk, dv, p_steps, d, bf16):
-    """O += P V of one key tile on wgmma m64n{d}k16: A = the packed probabilities ``pk``
-    (uint32, registers: the mma.sync A fragments of the warp's 16 rows), B = the V tile
-    (MN-major, 128-byte-swizzled shared memory, descriptor ``dv``); k-step kb covers keys
-    16 kb .. 16 kb + 15, i.e. 16 rows of 128 bytes further. ``acc`` float32 (``d / 2``).
-    Waits for the result."""
+def pv_wgmma_start(acc, pk, dv, p_steps, d, bf16):
+    """Issue O += P V of one key tile on wgmma m64n{d}k16 as one committed group: A = the
+    packed probabilities ``pk`` (uint32, registers: the mma.sync A fragments of the warp's 16
+    rows), B = the V tile (MN-major, 128-byte-swizzled shared memory, descriptor ``dv``);
+    k-step kb covers keys 16 kb .. 16 kb + 15, i.e. 16 rows of 128 bytes further. ``acc``
+    float32 (``d / 2``). Wait before any other work: ptxas may reuse ``pk``'s registers while
+    the product still reads them (docs/backward.md, item 5)."""
     wgmma_fence()
     for kb in range(p_steps):
         j = kb * 4
         wgmma_rs(bf16, d, acc, pk[j], pk[j + 1], pk[j + 2], pk[j + 3],
                  dv + np.uint64(kb * 16 * 128 >> 4))
     wgmma_commit()
+
+
+@inlined
+def pv_wgmma(acc, pk, dv, p_steps, d, bf16):
+    """O += P V of one key tile on wgmma (``pv_wgmma_start``), waiting for the result."""
+    pv_wgmma_start(acc, pk, dv, p_steps, d, bf16)
     wgmma_wait(d, acc)
 
 

@@ -53,11 +53,14 @@ def config_qualname(qualname: str, config: tuple) -> str:
     return f"{qualname}_{digest}"
 
 
-def jit_kernel(fn, config: tuple, cache: bool = True):
+def jit_kernel(fn, config: tuple, cache: bool = True, launch_bounds=None):
     """``cuda.jit`` the kernel function ``fn`` that a factory built for ``config`` (its
     arguments, plain constants). With ``cache`` (and outside the simulator, which has no disk
-    cache) the on-disk cache is on, under a per-configuration qualified name."""
+    cache) the on-disk cache is on, under a per-configuration qualified name.
+    ``launch_bounds``: the most threads per block the kernel is launched with (PTX ``.maxntid``:
+    ptxas then keeps the registers within what that many threads may hold)."""
+    opts = {} if launch_bounds is None or SIMULATOR else {"launch_bounds": launch_bounds}
     if SIMULATOR or not cache:
-        return cuda.jit(fn)
+        return cuda.jit(**opts)(fn)
     fn.__qualname__ = config_qualname(fn.__qualname__, config)
-    return cuda.jit(cache=True)(fn)
+    return cuda.jit(cache=True, **opts)(fn)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba.cuda import types
@@ -23,6 +24,8 @@ from ..kernels.forward_dmma import DMMA_BLOCK_M, DMMA_THREADS, dmma_supported, m
 from ..kernels.forward_fma import make_fma_kernel
 from ..kernels.forward_tf32x3 import make_tf32x3_kernel, tf32x3_geometry, tf32x3_supported
 from ..kernels.forward_mma import make_mma_kernel
+from ..kernels.forward_ws import (WS_BLOCK_M, WS_LAUNCH_REGISTERS, WS_THREADS, make_ws_kernel,
+                                  ws_moves_registers, ws_smem_bytes)
 from ..kernels.masking import NONE
 from ..primitives import SIMULATOR
 from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array, array_kind,
@@ -30,13 +33,13 @@ from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array,
                      interface, kernel_array, pad_head_dim, padded_head_dim)
 from .device import compute_capability, current_device_id
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, current_device
-from .driver import output_clearer, raise_dynamic_smem_limit
+from .driver import LaunchError, kernel_registers, output_clearer, raise_dynamic_smem_limit
 from .fastpath import FastCall, call_key, fast_table, geometry_of, geometry_reader, register_fast
 from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
 
-__all__ = ["attention_cuda", "attention_fast", "window_flags", "kernel_for", "tile_shape",
-           "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED", "tensor_core_kernel",
+__all__ = ["attention_cuda", "attention_fast", "window_flags", "kernel_for", "KernelEntry",
+           "tile_shape", "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED", "tensor_core_kernel",
            "dynamic_smem_bytes", "compiled_kernel_count"]
 
 _KERNELS: dict = {}
@@ -99,12 +102,42 @@ def tensor_core_kernel(dtype_name: str, head_dim: int, precision: str, mask_kind
     return "dmma" if f64 else "tf32x3"
 
 
+def _check_ws_registers(handle):
+    """The warp-specialised kernel's consumers take registers the producer gives back
+    (``setmaxnreg``); they wait for them forever unless the kernel was loaded with exactly
+    ``WS_LAUNCH_REGISTERS`` per thread: refuse any other count instead of hanging."""
+    n = kernel_registers(handle, current_device())
+    if n not in (-1, WS_LAUNCH_REGISTERS):
+        raise LaunchError(f"the warp-specialised forward kernel was built with {n} registers "
+                          f"per thread; its register hand-over needs {WS_LAUNCH_REGISTERS}")
+
+
+def _warp_specialised(head_dim, has_left, has_sinks, has_softcap, mask_kind, varlen, has_alibi,
+                      mask_mod, score_mod) -> bool:
+    """Whether a wgmma call takes the warp-specialised kernel (kernels/forward_ws.py): head_dim
+    96 / 128 / 256, no left window, sinks, softcap, mask object, packed batch, ALiBi or
+    score_mod (its 384 threads hold 168 registers each, 216 in the consumers after the
+    producer gives some back; those configurations would need more)."""
+    return (head_dim in (96, 128, 256) and not (has_left or has_sinks or has_softcap or varlen
+                                            or has_alibi) and mask_kind == NONE
+            and mask_mod is None and score_mod is None)
+
+
+class KernelEntry(NamedTuple):
+    """One configuration's kernel and launch geometry: query rows per block, threads per
+    block, dynamic shared memory in bytes (0: static shared memory only)."""
+    kernel: Any
+    block_m: int
+    threads: int
+    smem_bytes: int
+
+
 def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
                has_softcap: bool, write_lse: bool, mask_kind: int = NONE,
                varlen: bool = False, has_alibi: bool = False, mask_mod=None, score_mod=None,
                precision: str = "auto"):
-    """The (cached) kernel and its launch geometry (block_m, threads) for one configuration;
-    ``precision`` as in ``tensor_core_kernel``."""
+    """The (cached) ``KernelEntry`` of one configuration; ``precision`` as in
+    ``tensor_core_kernel``."""
     wg = _wgmma(dtype_name, head_dim)
     exact = tensor_core_kernel(dtype_name, head_dim, precision, mask_kind, varlen, has_alibi,
                                score_mod)
@@ -113,13 +146,20 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
            mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma, tf32)
     entry = _KERNELS.get(key)
     if entry is None and tf32:
-        entry = _KERNELS[key] = (make_tf32x3_kernel(head_dim, has_left, has_right, has_sinks,
-                                                    has_softcap, write_lse),
-                                 *tf32x3_geometry(head_dim))
+        entry = _KERNELS[key] = KernelEntry(make_tf32x3_kernel(head_dim, has_left, has_right,
+                                                               has_sinks, has_softcap, write_lse),
+                                            *tf32x3_geometry(head_dim), 0)
     if entry is None and dmma:
-        entry = _KERNELS[key] = (make_dmma_kernel(head_dim, has_left, has_right, has_sinks,
-                                                  has_softcap, write_lse),
-                                 DMMA_BLOCK_M, DMMA_THREADS)
+        entry = _KERNELS[key] = KernelEntry(make_dmma_kernel(head_dim, has_left, has_right,
+                                                             has_sinks, has_softcap, write_lse),
+                                            DMMA_BLOCK_M, DMMA_THREADS, 0)
+    if entry is None and wg and _warp_specialised(head_dim, has_left, has_sinks, has_softcap,
+                                                  mask_kind, varlen, has_alibi, mask_mod,
+                                                  score_mod):
+        entry = _KERNELS[key] = KernelEntry(make_ws_kernel(head_dim, HALF_NAMES[dtype_name],
+                                                           has_left, has_right, has_softcap,
+                                                           write_lse),
+                                            WS_BLOCK_M, WS_THREADS, ws_smem_bytes(head_dim))
     if entry is None:
         extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod,
                      score_mod=score_mod)
@@ -128,12 +168,13 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
         if dtype_name in HALF_NAMES:
             kern = make_mma_kernel(head_dim, HALF_NAMES[dtype_name], *flags,
                                    m_tiles=geometry.mma_m_tiles(head_dim, wg), wgmma=wg, **extra)
-            entry = (kern, geometry.mma_block_m(head_dim, wg), geometry.mma_threads(wg))
+            entry = KernelEntry(kern, geometry.mma_block_m(head_dim, wg),
+                                geometry.mma_threads(wg), dynamic_smem_bytes(dtype_name, head_dim))
         else:
             kern = make_fma_kernel(head_dim, FULL_NAMES[dtype_name], *flags, **extra)
             itemsize = 8 if FULL_NAMES[dtype_name] else 4
-            entry = (kern, geometry.fma_block_m(head_dim, itemsize),
-                     geometry.fma_threads(head_dim, itemsize))
+            entry = KernelEntry(kern, geometry.fma_block_m(head_dim, itemsize),
+                                geometry.fma_threads(head_dim, itemsize), 0)
         _KERNELS[key] = entry
     return entry
 
@@ -142,7 +183,7 @@ def compiled_kernel_count() -> int:
     """Number of machine-code specialisations held in this process (for cache tests)."""
     if SIMULATOR:
         return len(_KERNELS)
-    return sum(len(k.overloads) for k, _, _ in _KERNELS.values())
+    return sum(len(e.kernel.overloads) for e in _KERNELS.values())
 
 
 def window_flags(causal: bool, window_size, sinks: int, softcap):
@@ -377,7 +418,7 @@ def _plan(kind, dtype_name, device, p, arrays, stream):
     block_m, block_n = tile_shape(dtype_name, p.head_dim)
     mplan = plan_mask(p.mask, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, block_m, block_n,
                       p.lead, lambda: numba_stream(stream, kind, arrays[0]))
-    kern, block_m, threads = kernel_for(
+    kern, block_m, threads, smem = kernel_for(
         dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
         p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod,
         p.precision)
@@ -402,8 +443,9 @@ def _plan(kind, dtype_name, device, p, arrays, stream):
         params.append(_alibi_param(p.alibi, kind, p.batch))
     else:
         params.append(fixed_param(dummies.alibi))
-    smem = dynamic_smem_bytes(dtype_name, p.head_dim)
     cufunc = compile_kernel(kern, params)
+    if threads == WS_THREADS and ws_moves_registers(p.head_dim):
+        _check_ws_registers(cufunc.handle)
     if smem > 48 * 1024:
         raise_dynamic_smem_limit(cufunc.handle, smem, current_device())
     grid = (-(-p.seqlen_q // block_m), p.batch * p.heads_q)
@@ -425,7 +467,7 @@ def _launch_simulated(kind, dtype_name, p, q, k, v, out, lse):
     block_m, block_n = tile_shape(dtype_name, p.head_dim)
     mplan = plan_mask(p.mask, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, block_m, block_n,
                       p.lead, 0)
-    kern, block_m, threads = kernel_for(
+    kern, block_m, threads, _ = kernel_for(
         dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
         p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod,
         p.precision)

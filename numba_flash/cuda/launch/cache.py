@@ -21,8 +21,8 @@ def _dispatchers():
     from ..kernels import decode_fma, merge
     from . import attention, backward, decode
 
-    for kern, _, _ in attention._KERNELS.values():
-        yield "attention", kern
+    for entry in attention._KERNELS.values():
+        yield "attention", entry.kernel
     for kern in decode._MMA_KERNELS.values():
         yield "decode", kern
     for kern in decode_fma._KERNELS.values():

@@ -307,6 +307,19 @@ def raise_dynamic_smem_limit(handle, nbytes: int, device_id: int):
                           f"failed: {err!r}")
 
 
+def kernel_registers(handle, device_id: int) -> int:
+    """Registers per thread of a kernel (a CUkernel or CUfunction handle) as the driver loaded
+    it; -1 where the driver does not say."""
+    from cuda.bindings import driver as cu
+
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
+    if isinstance(handle, cu.CUfunction):
+        err, n = cu.cuFuncGetAttribute(attr, handle)
+    else:
+        err, n = cu.cuKernelGetAttribute(attr, handle, cu.CUdevice(device_id))
+    return int(n) if err == cu.CUresult.CUDA_SUCCESS else -1
+
+
 class LaunchPlan:
     """One kernel configuration ready to launch (see the module docstring).
 

@@ -18,7 +18,7 @@ from numba.cuda import config
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 __all__ = ["SIMULATOR", "inlined", "item_pointer_i64", "offset_pointer_i64", "shared_address_i32",
-           "TO_SHARED", "bare_asm_intrinsic", "collective"]
+           "TO_SHARED", "bare_asm_intrinsic", "u32_asm_intrinsic", "collective"]
 
 
 def inlined(func):
@@ -95,10 +95,34 @@ if not SIMULATOR:
 
         return op
 
+    def u32_asm_intrinsic(text, n_operands):
+        """An intrinsic taking one or two integers, passed as 32-bit registers $0, $1 to the
+        inline PTX ``text`` (no result; a memory clobber keeps it in program order)."""
+        i32 = ir.IntType(32)
+
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, a, t, types.uint32) for a, t in zip(args, sig.args)]
+            fnty = ir.FunctionType(ir.VoidType(), [i32] * len(vals))
+            constraint = ",".join(["r"] * len(vals) + ["~{memory}"])
+            builder.call(ir.InlineAsm(fnty, text, constraint, side_effect=True), vals)
+            return context.get_dummy_value()
+
+        if n_operands == 1:
+            @intrinsic
+            def op1(typingctx, a):
+                return types.void(a), codegen
+            return op1
+
+        @intrinsic
+        def op2(typingctx, a, b):
+            return types.void(a, b), codegen
+        return op2
+
     collective = None
 
 else:
     item_pointer_i64 = offset_pointer_i64 = shared_address_i32 = bare_asm_intrinsic = None
+    u32_asm_intrinsic = None
     TO_SHARED = None
     _exchange_lock = threading.Lock()
 

@@ -47,7 +47,7 @@ if not SIMULATOR:
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    from .base import bare_asm_intrinsic, item_pointer_i64
+    from .base import bare_asm_intrinsic, item_pointer_i64, u32_asm_intrinsic
 
     _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
@@ -136,21 +136,8 @@ if not SIMULATOR:
 
         return sig, codegen
 
-    @intrinsic
-    def sts32(typingctx, saddr, value):
-        """Store the 32-bit ``value`` (uint32) at shared address ``saddr`` (uint32)."""
-        sig = types.void(saddr, value)
-
-        def codegen(context, builder, sig, args):
-            d = context.cast(builder, args[0], sig.args[0], types.uint32)
-            x = context.cast(builder, args[1], sig.args[1], types.uint32)
-            fnty = ir.FunctionType(ir.VoidType(), [_I32, _I32])
-            asm = ir.InlineAsm(fnty, "st.shared.u32 [$0], $1;", "r,r,~{memory}",
-                               side_effect=True)
-            builder.call(asm, [d, x])
-            return context.get_dummy_value()
-
-        return sig, codegen
+    # Store the 32-bit value $1 at shared address $0.
+    sts32 = u32_asm_intrinsic("st.shared.u32 [$0], $1;", 2)
 
     fence_proxy_async = bare_asm_intrinsic("fence.proxy.async.shared::cta;")
     wgmma_fence = bare_asm_intrinsic("wgmma.fence.sync.aligned;")

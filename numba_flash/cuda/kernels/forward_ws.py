@@ -1,0 +1,229 @@
+"""Warp-specialised FlashAttention forward on Hopper wgmma (float16 / bfloat16, fp32
+accumulation): a producer warpgroup copies the Q tile and the K / V tiles into a ring of
+shared-memory stages and two consumer warpgroups compute, synchronised per stage by mbarriers
+instead of the block barriers of forward_mma.py's wgmma path, so the two consumer warpgroups
+never wait for each other and one's softmax can run under the other's products.
+
+Block: 384 threads, warps 0-3 the producer, warps 4-11 the consumers (warpgroup c = 0, 1 owns
+query rows 64 c .. 64 c + 63 of the 128-row tile, exactly as forward_mma.py's wgmma warpgroups).
+Per key tile i (stage ``i % STAGES``): the producer waits for the stage's ``empty`` barrier,
+issues its cp.async copies, and once a tile's copies have landed (then ``fence.proxy.async``,
+so that wgmma sees the bytes) arrives on its stage's ``full`` barrier (``AHEAD``: two tiles in
+flight);
+each consumer thread waits for ``full``, runs S = Q K^T, the online softmax and O += P V
+(forward_mma_tiles.py's helpers) and arrives on ``empty``; the two consumer warpgroups take
+turns issuing their products (named barriers), so one's softmax runs under the other's
+products. Plain configurations only (no mask
+object, sinks, packed batches, ALiBi or score_mod). Shapes and kernel arguments:
+forward_mma.make_mma_kernel's.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+from numba.cuda import types
+
+from ..primitives import (cp_async_commit, cp_async_wait_1, cp_async_wait_all, fence_mbar_init,
+                          fence_proxy_async, mbar_arrive, mbar_init, mbar_try_wait, named_arrive,
+                          named_sync, regs_dec_72, regs_inc_216, wgmma_wait)
+from .forward_geometry import wgmma_row_bytes
+from .forward_mma_tiles import (copy_coords, copy_rows, exp_and_pack, init_rows, mask_tile,
+                                pv_wgmma_start, qk_wgmma_start, rescale_acc, score_logits,
+                                store_output, update_row_max, wgmma_tiles)
+from .jitcache import jit_kernel
+from ..primitives.base import inlined
+from .masking import (NONE, flags_see_whole_tile, key_tiles, mask_mod_device,
+                      score_mod_device)
+from .schedule import group_keys, query_tile_of_block
+
+__all__ = ["make_ws_kernel", "WS_THREADS", "WS_BLOCK_M", "WS_LAUNCH_REGISTERS", "ws_stages",
+           "ws_smem_bytes", "ws_moves_registers"]
+
+WS_THREADS = 384
+WS_BLOCK_M = 128
+WS_LAUNCH_REGISTERS = 168     # 65,536 / 384, rounded down to a multiple of 8
+
+
+def ws_moves_registers(head_dim: int) -> bool:
+    """Whether the kernel moves registers from the producer (72) to the consumers (216) with
+    ``setmaxnreg``: at head_dim 256, whose consumers need ~213 (128 x 72 + 256 x 216 = 384 x
+    168: exactly ``WS_LAUNCH_REGISTERS`` per thread at launch). At 96 / 128 the consumers fit
+    168, and a 72- or 88-register producer spilled (its copy addresses; two tiles in flight)."""
+    return head_dim > 128
+
+
+def ws_stages(head_dim: int) -> int:
+    """K / V stages of the ring: as many as fit beside the Q tile in 227 KB (at most 4)."""
+    rb = wgmma_row_bytes(head_dim)
+    bn = 64 if head_dim > 128 else 128
+    return max(2, min(4, (227 * 1024 - 2048 - WS_BLOCK_M * rb) // (2 * bn * rb)))
+
+
+def ws_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory: Q, the stages' K and V tiles, the mbarriers, 1 KB of alignment."""
+    rb = wgmma_row_bytes(head_dim)
+    bn = 64 if head_dim > 128 else 128
+    return (WS_BLOCK_M + 2 * bn * ws_stages(head_dim)) * rb + 16 * ws_stages(head_dim) + 1024
+
+
+@inlined
+def _wait(addr, parity):
+    """Spin until the phase of parity ``parity`` of the mbarrier at ``addr`` has completed."""
+    while not mbar_try_wait(addr, parity):
+        pass
+
+
+def make_ws_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
+                   has_softcap: bool, write_lse: bool):
+    """Build the warp-specialised kernel for one plain configuration (compile-time arguments;
+    block_n 128, 64 at head_dim 256). Launch with ``WS_THREADS`` threads, a grid of (query
+    tiles of ``WS_BLOCK_M`` rows, B * Hq) and ``ws_smem_bytes(head_dim)`` bytes of dynamic
+    shared memory."""
+    D = int(head_dim)
+    BF16 = bool(is_bf16)
+    BN = 64 if D > 128 else 128
+    BM = WS_BLOCK_M
+    STAGES = ws_stages(D)
+    RB = wgmma_row_bytes(D)
+    KS, NS, NP, ND = D // 16, BN // 8, BN // 16, D // 8
+    SF, OF = NS * 4, ND * 4
+    PK_N = SF // 2
+    TPL = 8 if (D // 8) % 8 == 0 else 4         # producer copy plan (128 threads)
+    RPP = 128 // TPL
+    NSEG, KV_PASSES, Q_PASSES = (D // 8) // TPL, BN // RPP, BM // RPP
+    BLK_Q, BLK_K = BM * 128, BN * 128
+    Q_OFF, K_OFF = 0, BM * RB
+    STAGE = 2 * BN * RB                         # bytes per stage: K then V
+    V_IN = BN * RB
+    MB_OFF = BM * RB + STAGES * STAGE           # full[s] at MB_OFF + 8 s, empty[s] after them
+    GROUP_KEYS = group_keys(4 * D, has_right, False)
+    NEG_INF = np.float32(-np.inf)
+    RAW = not has_softcap
+    REALLOC = ws_moves_registers(D)
+    # With 3+ stages the producer keeps two tiles in flight: it announces tile i - 1 only
+    # after issuing tile i, whose stage the consumers freed when they finished tile i - STAGES.
+    # With 2 stages that is tile i - 2, just before they need tile i - 1: they would wait for
+    # tile i's issue each time, so there the producer announces each tile first.
+    AHEAD = STAGES >= 3
+    mod = mask_mod_device(None)
+    smod = score_mod_device(None)
+
+    def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
+               window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
+        qtile, x, row = query_tile_of_block(seqlen_k, heads_ratio, GROUP_KEYS)
+        b = row // q.shape[2]
+        h = row % q.shape[2]
+        hk = h // heads_ratio
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        cw = (warp - 4) & 7                     # consumer warp 0..7 (producers: unused)
+        cp_row, cp_part, cp_swz = copy_coords(tid & 127, TPL, 0)
+        dyn = cuda.shared.array(0, types.uint32)
+        sbase, cp_dst, dq, dk, dv = wgmma_tiles(dyn, cw, cp_row, cp_part, Q_OFF, K_OFF,
+                                                K_OFF + V_IN, BLK_K)
+        full0 = np.uint32(sbase + MB_OFF)
+        empty0 = full0 + np.uint32(8 * STAGES)
+        if tid == 0:
+            for st in range(STAGES):
+                mbar_init(full0 + np.uint32(8 * st), 128)
+                mbar_init(empty0 + np.uint32(8 * st), 256)
+            fence_mbar_init()
+        cuda.syncthreads()
+
+        offset = seqlen_k - seqlen_q
+        q_lo = qtile * BM + offset
+        q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
+        tile_lo, tile_hi, first, last, _ = key_tiles(q_lo, q_hi, seqlen_k, BN, has_left,
+                                                     has_right, False, window_left,
+                                                     window_right, 0)
+        if warp < 4:        # producer: Q with the first tile, then K / V tile by tile
+            if REALLOC:
+                regs_dec_72()
+            if first > last:
+                return
+            i = 0
+            for tile in range(first, last + 1):
+                st = i % STAGES
+                if not AHEAD and i > 0:     # the previous tile landed: stage full
+                    cp_async_wait_all()
+                    fence_proxy_async()     # the bytes visible to wgmma (the async proxy)
+                    mbar_arrive(full0 + np.uint32(8 * ((i - 1) % STAGES)))
+                _wait(empty0 + np.uint32(8 * st), ((i // STAGES) + 1) & 1)
+                if i == 0:
+                    copy_rows(dyn, sbase + Q_OFF + cp_dst, q, b, 0, qtile * BM, seqlen_q, h,
+                              cp_row, cp_part, cp_swz, Q_PASSES, NSEG, TPL, RPP, BLK_Q, True)
+                kdst = sbase + K_OFF + st * STAGE + cp_dst
+                copy_rows(dyn, kdst, k, b, 0, tile * BN, seqlen_k, hk, cp_row, cp_part, cp_swz,
+                          KV_PASSES, NSEG, TPL, RPP, BLK_K, True)
+                copy_rows(dyn, kdst + V_IN, v, b, 0, tile * BN, seqlen_k, hk, cp_row, cp_part,
+                          cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, True)
+                cp_async_commit()
+                if AHEAD and i > 0:     # the previous tile landed, this one may not have
+                    cp_async_wait_1()
+                    fence_proxy_async()     # the bytes visible to wgmma (the async proxy)
+                    mbar_arrive(full0 + np.uint32(8 * ((i - 1) % STAGES)))
+                i += 1
+            cp_async_wait_all()
+            fence_proxy_async()
+            mbar_arrive(full0 + np.uint32(8 * ((i - 1) % STAGES)))
+            return
+
+        if REALLOC:
+            regs_inc_216()
+        g = lane >> 2
+        t = lane & 3
+        s = cuda.local.array(SF, types.float32)
+        acc = cuda.local.array(OF, types.float32)
+        pk = cuda.local.array(PK_N, types.uint32)
+        m_run = cuda.local.array(2, types.float32)
+        l_run = cuda.local.array(2, types.float32)
+        mx = cuda.local.array(2, types.float32)
+        mu = cuda.local.array(2, types.float32)
+        alpha = cuda.local.array(2, types.float32)
+        words = cuda.local.array(2, types.uint32)
+        hidden = np.float32(np.inf) if RAW and scale_log2 < 0 else NEG_INF
+        wrow = qtile * BM + cw * 16
+        init_rows(acc, m_run, l_run, 1, OF)
+        # Ping-pong (FlashAttention-3's): the warpgroups take turns issuing their products
+        # (named barrier 1 + wg: "wg's turn"), so one's products run while the other's softmax
+        # does instead of both at once. Warpgroup 1 gives the first turn to warpgroup 0.
+        wg = cw >> 2
+        if wg == 1 and first <= last:
+            named_arrive(1, 256)
+        i = 0
+        for tile in range(first, last + 1):
+            st = i % STAGES
+            _wait(full0 + np.uint32(8 * st), (i // STAGES) & 1)
+            k0 = tile * BN
+            in_window = tile >= tile_lo and tile <= tile_hi
+            full = flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k, window_left,
+                                        window_right, 0, BN, has_left, has_right, False)
+            stage_off = np.uint64((st * STAGE) >> 4)
+            named_sync(1 + wg, 256)            # this warpgroup's turn to issue products
+            qk_wgmma_start(s, dq, dk + stage_off, KS, BN, BLK_Q, BLK_K, BF16)
+            named_arrive(2 - wg, 256)          # the other's turn
+            wgmma_wait(BN, s)
+            if not RAW:
+                score_logits(s, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, scale_log2,
+                             cap_in, cap_out, np.float32(0.0), smod, NS, SF, 1, has_softcap,
+                             False, False)
+            if not full:
+                mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h,
+                          window_left, window_right, 0, mk_iv, mk_bits, 0, mod, NS, SF, 2, BN,
+                          NONE, False, has_left, has_right, False, hidden)
+            update_row_max(s, m_run, mx, mu, alpha, NS, SF, 1, 2, RAW, scale_log2)
+            exp_and_pack(s, pk, mx, mu, alpha, l_run, NS, SF, 1, 2, BF16, RAW, scale_log2)
+            rescale_acc(acc, alpha, ND, OF, 1)
+            named_sync(1 + wg, 256)
+            pv_wgmma_start(acc, pk, dv + stage_off, NP, D, BF16)
+            if wg == 0 or tile < last:    # warpgroup 1's arrivals: one ahead
+                named_arrive(2 - wg, 256)
+            wgmma_wait(D, acc)
+            mbar_arrive(empty0 + np.uint32(8 * st))
+            i += 1
+        store_output(out, lse, acc, l_run, m_run, b, 0, h, wrow, g, t, seqlen_q, 1, OF, ND,
+                     BF16, write_lse)
+
+    return jit_kernel(kernel, ("ws", D, BF16, has_left, has_right, has_softcap, write_lse),
+                      launch_bounds=WS_THREADS)
