@@ -367,6 +367,13 @@ def mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, window
 
 
 @inlined
+def _extreme(a, b, smallest):
+    """min(a, b) if ``smallest`` else max(a, b) (``smallest`` is block-uniform: the compiler
+    hoists the choice out of update_row_max's loops)."""
+    return min(a, b) if smallest else max(a, b)
+
+
+@inlined
 def update_row_max(s, m_run, mx, mu, alpha, ns, sf, m_tiles, run_n, raw, scale_log2):
     """Online softmax, step 1: the tile's row maxima of the logits, reduced over the lane quad
     that holds a row, update the running maxima ``m_run`` (base-2 logits); ``alpha = exp2(m_old
@@ -379,27 +386,15 @@ def update_row_max(s, m_run, mx, mu, alpha, ns, sf, m_tiles, run_n, raw, scale_l
     negative = raw and scale_log2 < 0       # block-uniform
     for i in range(run_n):
         mx[i] = np.float32(POS_INF) if negative else np.float32(NEG_INF)
-    if negative:
-        for j in range(ns):
-            for e in range(4):
-                for mt in range(m_tiles):
-                    r = 2 * mt + (e >> 1)
-                    mx[r] = min(mx[r], s[mt * sf + j * 4 + e])
-    else:
-        for j in range(ns):
-            for e in range(4):
-                for mt in range(m_tiles):
-                    r = 2 * mt + (e >> 1)
-                    mx[r] = max(mx[r], s[mt * sf + j * 4 + e])
+    for j in range(ns):
+        for e in range(4):
+            for mt in range(m_tiles):
+                r = 2 * mt + (e >> 1)
+                mx[r] = _extreme(mx[r], s[mt * sf + j * 4 + e], negative)
     for r in range(run_n):
         # The 4 lanes of a quad hold one row: reduce across them.
-        x = mx[r]
-        if negative:
-            x = min(x, shfl_xor(x, 1))
-            x = min(x, shfl_xor(x, 2))
-        else:
-            x = max(x, shfl_xor(x, 1))
-            x = max(x, shfl_xor(x, 2))
+        x = _extreme(mx[r], shfl_xor(mx[r], 1), negative)
+        x = _extreme(x, shfl_xor(x, 2), negative)
         if raw:
             x = x * scale_log2
         m_new = max(m_run[r], x)
