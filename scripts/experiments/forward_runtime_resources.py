@@ -35,12 +35,15 @@ def main():
             for kw in (dict(), dict(causal=True), dict(window_size=(64, 0))):
                 numba_flash.attention(q, k, v, **kw)
     cp.cuda.runtime.deviceSynchronize()
-    for key, (kern, _, _) in la._KERNELS.items():
-        for compiled in getattr(kern, "overloads", {}).values():
+    for key, entry in la._KERNELS.items():
+        family = ("ws" if entry.threads == la.WS_THREADS else "wgmma" if key.wgmma
+                  else "mma.sync")
+        for compiled in getattr(entry.kernel, "overloads", {}).values():
             sass = sass_of_cubin(compiled._codelibrary.get_cubin())
             regs = getattr(compiled, "regs_per_thread", "?")
             local = getattr(compiled, "local_mem_per_thread", "?")
-            print(f"{args.tag} d{key[1]} left={key[2]} right={key[3]} wg={key[11]}: regs {regs} "
+            print(f"{args.tag} {family} d{key.head_dim} left={key.has_left} "
+                  f"right={key.has_right}: regs {regs} "
                   f"local {local} LDL {len(re.findall(r'LDL', sass))} STL "
                   f"{len(re.findall(r'STL', sass))} HGMMA {sass.count('HGMMA')} "
                   f"A-overwrites {kr.a_operand_overwrites(sass)}", flush=True)

@@ -38,9 +38,9 @@ from .fastpath import FastCall, call_key, fast_table, geometry_of, geometry_read
 from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
 
-__all__ = ["attention_cuda", "attention_fast", "window_flags", "kernel_for", "KernelEntry",
-           "tile_shape", "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED", "tensor_core_kernel",
-           "dynamic_smem_bytes", "compiled_kernel_count"]
+__all__ = ["attention_cuda", "attention_fast", "window_flags", "kernel_for", "KernelKey",
+           "KernelEntry", "tile_shape", "SUPPORTED_HEAD_DIMS", "wgmma_device", "WGMMA_ENABLED",
+           "tensor_core_kernel", "dynamic_smem_bytes", "compiled_kernel_count"]
 
 _KERNELS: dict = {}
 _FAST_CALLS = fast_table("attention")
@@ -123,6 +123,26 @@ def _warp_specialised(head_dim, has_left, has_sinks, has_softcap, mask_kind, var
             and mask_mod is None and score_mod is None)
 
 
+class KernelKey(NamedTuple):
+    """What selects a forward kernel: the launch cache's key (``kernel_for``'s arguments, with
+    the kernel family decided from them)."""
+    dtype_name: str
+    head_dim: int
+    has_left: bool
+    has_right: bool
+    has_sinks: bool
+    has_softcap: bool
+    write_lse: bool
+    mask_kind: int
+    varlen: bool
+    has_alibi: bool
+    mask_mod: Any
+    wgmma: bool
+    score_mod: Any
+    dmma: bool
+    tf32x3: bool
+
+
 class KernelEntry(NamedTuple):
     """One configuration's kernel and launch geometry: query rows per block, threads per
     block, dynamic shared memory in bytes (0: static shared memory only)."""
@@ -142,8 +162,8 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
     exact = tensor_core_kernel(dtype_name, head_dim, precision, mask_kind, varlen, has_alibi,
                                score_mod)
     dmma, tf32 = exact == "dmma", exact == "tf32x3"
-    key = (dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
-           mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma, tf32)
+    key = KernelKey(dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap,
+                    write_lse, mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma, tf32)
     entry = _KERNELS.get(key)
     if entry is None and tf32:
         entry = _KERNELS[key] = KernelEntry(make_tf32x3_kernel(head_dim, has_left, has_right,
