@@ -73,7 +73,7 @@ WS_CONFIGS = [("ws_float16_d96_plain", False, 96, False),
 
 def build_ws(is_bf16: bool, head_dim: int, causal: bool):
     """(py_func, signature, cc, maxntid) of one warp-specialised configuration."""
-    kern = forward_ws.make_ws_kernel(head_dim, is_bf16, False, causal, False, True)
+    kern = forward_ws.make_ws_kernel(head_dim, is_bf16, causal, True)
     return kern.py_func, kr.forward_signature(True), (9, 0, "a"), forward_ws.WS_THREADS
 
 

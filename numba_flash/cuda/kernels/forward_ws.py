@@ -28,12 +28,11 @@ from ..primitives import (cp_async_commit, cp_async_wait_1, cp_async_wait_all, f
                           named_sync, regs_dec_72, regs_inc_216, wgmma_wait)
 from .forward_geometry import wgmma_row_bytes
 from .forward_mma_tiles import (copy_coords, copy_rows, exp_and_pack, init_rows, mask_tile,
-                                pv_wgmma_start, qk_wgmma_start, rescale_acc, score_logits,
-                                store_output, update_row_max, wgmma_tiles)
+                                pv_wgmma_start, qk_wgmma_start, rescale_acc, store_output,
+                                update_row_max, wgmma_tiles)
 from .jitcache import jit_kernel
 from ..primitives.base import inlined
-from .masking import (NONE, flags_see_whole_tile, key_tiles, mask_mod_device,
-                      score_mod_device)
+from .masking import NONE, flags_see_whole_tile, key_tiles, mask_mod_device
 from .schedule import group_keys, query_tile_of_block
 
 __all__ = ["make_ws_kernel", "WS_THREADS", "WS_BLOCK_M", "WS_LAUNCH_REGISTERS", "ws_stages",
@@ -73,10 +72,10 @@ def _wait(addr, parity):
         pass
 
 
-def make_ws_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
-                   has_softcap: bool, write_lse: bool):
-    """Build the warp-specialised kernel for one plain configuration (compile-time arguments;
-    block_n 128, 64 at head_dim 256). Launch with ``WS_THREADS`` threads, a grid of (query
+def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
+    """Build the warp-specialised kernel for one plain or causal configuration (compile-time
+    arguments; no left window or softcap: those need more registers; block_n 128, 64 at
+    head_dim 256). Launch with ``WS_THREADS`` threads, a grid of (query
     tiles of ``WS_BLOCK_M`` rows, B * Hq) and ``ws_smem_bytes(head_dim)`` bytes of dynamic
     shared memory."""
     D = int(head_dim)
@@ -96,9 +95,9 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool
     STAGE = 2 * BN * RB                         # bytes per stage: K then V
     V_IN = BN * RB
     MB_OFF = BM * RB + STAGES * STAGE           # full[s] at MB_OFF + 8 s, empty[s] after them
+    has_left, has_right = False, bool(causal)
     GROUP_KEYS = group_keys(4 * D, has_right, False)
     NEG_INF = np.float32(-np.inf)
-    RAW = not has_softcap
     REALLOC = ws_moves_registers(D)
     # With 3+ stages the producer keeps two tiles in flight: it announces tile i - 1 only
     # after issuing tile i, whose stage the consumers freed when they finished tile i - STAGES.
@@ -106,7 +105,6 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool
     # tile i's issue each time, so there the producer announces each tile first.
     AHEAD = STAGES >= 3
     mod = mask_mod_device(None)
-    smod = score_mod_device(None)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
@@ -182,7 +180,8 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool
         mu = cuda.local.array(2, types.float32)
         alpha = cuda.local.array(2, types.float32)
         words = cuda.local.array(2, types.uint32)
-        hidden = np.float32(np.inf) if RAW and scale_log2 < 0 else NEG_INF
+        # Raw scores (unscaled until the exponent): a negative scale hides with +inf.
+        hidden = np.float32(np.inf) if scale_log2 < 0 else NEG_INF
         wrow = qtile * BM + cw * 16
         init_rows(acc, m_run, l_run, 1, OF)
         # Ping-pong (FlashAttention-3's): the warpgroups take turns issuing their products
@@ -204,16 +203,12 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool
             qk_wgmma_start(s, dq, dk + stage_off, KS, BN, BLK_Q, BLK_K, BF16)
             named_arrive(2 - wg, 256)          # the other's turn
             wgmma_wait(BN, s)
-            if not RAW:
-                score_logits(s, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h, scale_log2,
-                             cap_in, cap_out, np.float32(0.0), smod, NS, SF, 1, has_softcap,
-                             False, False)
             if not full:
                 mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h,
                           window_left, window_right, 0, mk_iv, mk_bits, 0, mod, NS, SF, 2, BN,
                           NONE, False, has_left, has_right, False, hidden)
-            update_row_max(s, m_run, mx, mu, alpha, NS, SF, 1, 2, RAW, scale_log2)
-            exp_and_pack(s, pk, mx, mu, alpha, l_run, NS, SF, 1, 2, BF16, RAW, scale_log2)
+            update_row_max(s, m_run, mx, mu, alpha, NS, SF, 1, 2, True, scale_log2)
+            exp_and_pack(s, pk, mx, mu, alpha, l_run, NS, SF, 1, 2, BF16, True, scale_log2)
             rescale_acc(acc, alpha, ND, OF, 1)
             named_sync(1 + wg, 256)
             pv_wgmma_start(acc, pk, dv + stage_off, NP, D, BF16)
@@ -225,5 +220,5 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool
         store_output(out, lse, acc, l_run, m_run, b, 0, h, wrow, g, t, seqlen_q, 1, OF, ND,
                      BF16, write_lse)
 
-    return jit_kernel(kernel, ("ws", D, BF16, has_left, has_right, has_softcap, write_lse),
+    return jit_kernel(kernel, ("ws", D, BF16, has_right, write_lse),
                       launch_bounds=WS_THREADS)

@@ -102,14 +102,14 @@ def tensor_core_kernel(dtype_name: str, head_dim: int, precision: str, mask_kind
     return "dmma" if f64 else "tf32x3"
 
 
-def _check_ws_registers(handle):
-    """The warp-specialised kernel's consumers take registers the producer gives back
-    (``setmaxnreg``); they wait for them forever unless the kernel was loaded with exactly
-    ``WS_LAUNCH_REGISTERS`` per thread: refuse any other count instead of hanging."""
+def _check_registers(handle, needed: int):
+    """A kernel that hands registers between warpgroups (``setmaxnreg``: the warp-specialised
+    forward) waits for them forever unless loaded with exactly ``needed`` per thread: refuse
+    any other count instead of hanging."""
     n = kernel_registers(handle, current_device())
-    if n not in (-1, WS_LAUNCH_REGISTERS):
-        raise LaunchError(f"the warp-specialised forward kernel was built with {n} registers "
-                          f"per thread; its register hand-over needs {WS_LAUNCH_REGISTERS}")
+    if n not in (-1, needed):
+        raise LaunchError(f"the forward kernel was built with {n} registers per thread; its "
+                          f"register hand-over needs {needed}")
 
 
 def _warp_specialised(head_dim, has_left, has_sinks, has_softcap, mask_kind, varlen, has_alibi,
@@ -145,11 +145,13 @@ class KernelKey(NamedTuple):
 
 class KernelEntry(NamedTuple):
     """One configuration's kernel and launch geometry: query rows per block, threads per
-    block, dynamic shared memory in bytes (0: static shared memory only)."""
+    block, dynamic shared memory in bytes (0: static shared memory only), and the registers
+    per thread it must be loaded with (0: any; ``_check_registers``)."""
     kernel: Any
     block_m: int
     threads: int
     smem_bytes: int
+    registers: int = 0
 
 
 def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
@@ -176,10 +178,10 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
     if entry is None and wg and _warp_specialised(head_dim, has_left, has_sinks, has_softcap,
                                                   mask_kind, varlen, has_alibi, mask_mod,
                                                   score_mod):
-        entry = _KERNELS[key] = KernelEntry(make_ws_kernel(head_dim, HALF_NAMES[dtype_name],
-                                                           has_left, has_right, has_softcap,
-                                                           write_lse),
-                                            WS_BLOCK_M, WS_THREADS, ws_smem_bytes(head_dim))
+        entry = _KERNELS[key] = KernelEntry(
+            make_ws_kernel(head_dim, HALF_NAMES[dtype_name], has_right, write_lse), WS_BLOCK_M,
+            WS_THREADS, ws_smem_bytes(head_dim),
+            WS_LAUNCH_REGISTERS if ws_moves_registers(head_dim) else 0)
     if entry is None:
         extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod,
                      score_mod=score_mod)
@@ -438,7 +440,7 @@ def _plan(kind, dtype_name, device, p, arrays, stream):
     block_m, block_n = tile_shape(dtype_name, p.head_dim)
     mplan = plan_mask(p.mask, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, block_m, block_n,
                       p.lead, lambda: numba_stream(stream, kind, arrays[0]))
-    kern, block_m, threads, smem = kernel_for(
+    kern, block_m, threads, smem, registers = kernel_for(
         dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
         p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod,
         p.precision)
@@ -464,8 +466,8 @@ def _plan(kind, dtype_name, device, p, arrays, stream):
     else:
         params.append(fixed_param(dummies.alibi))
     cufunc = compile_kernel(kern, params)
-    if threads == WS_THREADS and ws_moves_registers(p.head_dim):
-        _check_ws_registers(cufunc.handle)
+    if registers:
+        _check_registers(cufunc.handle, registers)
     if smem > 48 * 1024:
         raise_dynamic_smem_limit(cufunc.handle, smem, current_device())
     grid = (-(-p.seqlen_q // block_m), p.batch * p.heads_q)
@@ -487,7 +489,7 @@ def _launch_simulated(kind, dtype_name, p, q, k, v, out, lse):
     block_m, block_n = tile_shape(dtype_name, p.head_dim)
     mplan = plan_mask(p.mask, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, block_m, block_n,
                       p.lead, 0)
-    kern, block_m, threads, _ = kernel_for(
+    kern, block_m, threads, _, _ = kernel_for(
         dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
         p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod,
         p.precision)

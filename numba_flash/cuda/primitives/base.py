@@ -98,6 +98,8 @@ if not SIMULATOR:
     def u32_asm_intrinsic(text, n_operands):
         """An intrinsic taking one or two integers, passed as 32-bit registers $0, $1 to the
         inline PTX ``text`` (no result; a memory clobber keeps it in program order)."""
+        if n_operands not in (1, 2):
+            raise ValueError(f"n_operands must be 1 or 2, got {n_operands}")
         i32 = ir.IntType(32)
 
         def codegen(context, builder, sig, args):
