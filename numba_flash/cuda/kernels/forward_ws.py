@@ -108,7 +108,7 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
-        qtile, x, row = query_tile_of_block(seqlen_k, heads_ratio, GROUP_KEYS)
+        qtile, _, row = query_tile_of_block(seqlen_k, heads_ratio, GROUP_KEYS)
         b = row // q.shape[2]
         h = row % q.shape[2]
         hk = h // heads_ratio
