@@ -383,21 +383,22 @@ def test_public_door_runs_the_kernels():
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
 
 
-def test_row_alignment_check_takes_packed_arrays(monkeypatch):
-    """The 16-bit backward's alignment check looks at the axes before head_dim: a packed
-    batch's contiguous (total, heads, head_dim) array passes, a view whose rows sit 8 bytes
-    apart does not."""
-    from numba_flash.cuda.launch import backward as runtime
+def test_row_alignment_check_takes_packed_arrays():
+    """The 16-byte alignment check of the forward / backward / decode launches looks at the
+    axes before head_dim: a packed batch's contiguous (total, heads, head_dim) array passes, a
+    view whose rows sit 8 bytes apart does not, nor one 8 bytes past a 16-byte boundary."""
+    from numba_flash.cuda.launch.arrays import check_rows_aligned
 
-    monkeypatch.setattr(runtime, "SIMULATOR", False)
-    base = np.zeros((64 + 8,), np.float16)
+    base = np.zeros((64 + 16,), np.float16)
     offset = (-base.ctypes.data % 16) // 2            # an element on a 16-byte boundary
     packed = base[offset:offset + 64].reshape(4, 1, 16)
-    runtime._check_rows_aligned(q=packed, k=packed.reshape(1, 4, 1, 16))
+    check_rows_aligned("the test", q=packed, k=packed.reshape(1, 4, 1, 16))
     odd = np.zeros((8, 1, 32), np.float16)[:, :, :4]  # rows 64 bytes apart: fine
-    runtime._check_rows_aligned(q=odd)
-    with pytest.raises(ValueError, match="q must be 16-byte aligned"):
-        runtime._check_rows_aligned(q=base[offset:offset + 64].reshape(16, 1, 4))
+    check_rows_aligned("the test", q=odd)
+    with pytest.raises(ValueError, match=r"q must be 16-byte aligned .*strides \(8, 8, 2\)"):
+        check_rows_aligned("the test", q=base[offset:offset + 64].reshape(16, 1, 4))
+    with pytest.raises(ValueError, match="k must be .* a pointer 8 bytes past"):
+        check_rows_aligned("the test", k=base[offset + 4:offset + 68].reshape(4, 1, 16))
 
 
 def test_wgmma_dkdv_compiles_offline():

@@ -489,6 +489,29 @@ def test_warp_specialised_kernel(dtype_name, d, sq, sk, causal, scale):
                scale=scale)
 
 
+@gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_misaligned_inputs_raise_and_leave_the_context_usable(dtype):
+    """The forward kernels copy rows in 16-byte pieces: a q view 8 bytes past a 16-byte
+    boundary (4-byte aligned, which the 32-bit-word view once accepted) raises ValueError
+    naming q, on the first call and on a repeated one (the fast path checks the pointers),
+    and the next aligned call still gives the right answer (no fault poisoned the context)."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(8)
+    wide = cp.asarray(_random(rng, (1, 70, 2, 128 + 8), "float16").astype(dtype))
+    k, v = (cp.asarray(_random(rng, (1, 90, 2, 128), "float16").astype(dtype))
+            for _ in range(2))
+    shift = 8 // wide.itemsize
+    for _ in range(2):
+        numba_flash.attention(wide[..., :128], k, v, causal=True)   # aligned: the fast path
+        with pytest.raises(ValueError, match="q must be 16-byte aligned .* 8 bytes past"):
+            numba_flash.attention(wide[..., shift:shift + 128], k, v, causal=True)
+    q = wide[..., shift:shift + 128].copy()
+    got = cp.asnumpy(numba_flash.attention(q, k, v, causal=True)).astype(np.float64)
+    want = reference(*(cp.asnumpy(x).astype(np.float64) for x in (q, k, v)), causal=True)
+    assert np.abs(got - want).max() < (2e-3 if dtype == np.float16 else 1e-5)
+
+
 def test_warp_specialised_kernel_compiles_offline():
     """The warp-specialised wgmma kernel (kernels/forward_ws.py) at head_dim 96 / 128 / 256,
     plain and causal, float16 and bfloat16, compiled with its launch bound (384 threads): one

@@ -55,7 +55,7 @@ def call(monkeypatch):
     like = FakeTensor((1, 8, 2, 64), 0x1000)
     mask = object()
     fast = fastpath.FastCall(RecordingPlan(), "torch", like, 0, (1, 8, 2, 64), "float16",
-                             (1, 2, 8), (), True, guards=(mask, None))
+                             (1, 2, 8), (), guards=(mask, None), align=15)
     fast.current = current
     return fast, mask
 

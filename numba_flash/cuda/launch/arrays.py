@@ -16,7 +16,8 @@ from .driver import ArrayParam
 
 __all__ = ["HALF_NAMES", "FULL_NAMES", "SUPPORTED_HEAD_DIMS", "padded_head_dim", "pad_head_dim",
            "array_library", "array_kind", "dtype_name",
-           "interface", "gpu_inputs", "kernel_array", "flat_kernel_array", "as_words", "empty_like_kind",
+           "interface", "gpu_inputs", "check_rows_aligned", "kernel_array", "flat_kernel_array",
+           "as_words", "empty_like_kind",
            "BFloat16Array", "caller_param", "fixed_param"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -195,6 +196,20 @@ def _device_view(x, ptr, shape, strides, words):
     desc = {"shape": tuple(shape), "strides": tuple(strides), "typestr": typestr,
             "data": (ptr, False), "version": 3, "stream": None}
     return cuda.from_cuda_array_interface(desc, owner=x, sync=False)
+
+
+def check_rows_aligned(reader: str, **arrays):
+    """Raise ValueError unless each array's pointer and the strides of every axis but head_dim
+    are multiples of 16 bytes: ``reader`` (the kernels, named in the message) copies rows in
+    16-byte pieces (cp.async, vector loads, TMA). GPU arrays only."""
+    for name, x in arrays.items():
+        ptr, _, strides, _, _ = interface(x, array_kind(x))
+        if ptr % 16 or any(st % 16 for st in strides[:-1]):
+            raise ValueError(
+                f"{name} must be 16-byte aligned (its pointer and the strides of the axes before "
+                f"head_dim) for {reader}, got a pointer {ptr % 16} bytes past a 16-byte boundary "
+                f"and strides {tuple(strides)} bytes; copy it into a new array (cupy.array(x), "
+                f"x.clone())")
 
 
 def as_words(ptr, shape, strides):

@@ -29,8 +29,8 @@ from ..kernels.forward_ws import (WS_BLOCK_M, WS_LAUNCH_REGISTERS, WS_THREADS, m
 from ..kernels.masking import NONE
 from ..primitives import SIMULATOR
 from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array, array_kind,
-                     caller_param, dtype_name, empty_like_kind, fixed_param, gpu_inputs,
-                     interface, kernel_array, pad_head_dim, padded_head_dim)
+                     caller_param, check_rows_aligned, dtype_name, empty_like_kind, fixed_param,
+                     gpu_inputs, interface, kernel_array, pad_head_dim, padded_head_dim)
 from .device import compute_capability, current_device_id
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, current_device
 from .driver import LaunchError, kernel_registers, output_clearer, raise_dynamic_smem_limit
@@ -293,6 +293,8 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
                                  alibi_slopes=alibi_slopes, varlen=varlen, score_mod=score_mod,
                                  precision=precision)
     kind, dtype_name, device, _ = gpu_inputs(q, k, v, lead=varlen is not None)
+    if not SIMULATOR:
+        check_rows_aligned("the forward kernels' 16-byte copies", q=q, k=k, v=v)
     options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                    sinks=sinks, mask=mask, softcap=softcap, return_lse=return_lse,
                    alibi_slopes=alibi_slopes, score_mod=score_mod, precision=precision)
@@ -323,8 +325,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
             if fast is not None and fast[0] is not None and _same(fast[1], _caller_extras(p)):
                 register_fast(_FAST_CALLS, fast[0], FastCall(
                     plan, kind, q, device, p.out_shape, dtype_name, p.lse_shape if
-                    p.return_lse else None, fast[1], dtype_name in HALF_NAMES,
-                    guards=(mask, score_mod)))
+                    p.return_lse else None, fast[1], guards=(mask, score_mod), align=15))
     if kind == "cai" and dtype_name == "bfloat16":
         out = BFloat16Array(out)
     return (out, lse) if p.return_lse else out

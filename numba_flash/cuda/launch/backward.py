@@ -27,8 +27,8 @@ from numba.cuda import types
 from ..kernels import backward as bw
 from ..kernels import backward_wgmma as bwg
 from ..primitives import SIMULATOR
-from .arrays import (array_kind, dtype_name as array_dtype, empty_like_kind, fixed_param,
-                     flat_kernel_array, interface, kernel_array)
+from .arrays import (array_kind, check_rows_aligned, dtype_name as array_dtype, empty_like_kind,
+                     fixed_param, flat_kernel_array, interface, kernel_array)
 from .attention import wgmma_device, window_flags
 from .driver import (LaunchPlan, ScalarParam, compile_kernel, current_device, memset32_async,
                      raise_dynamic_smem_limit)
@@ -171,8 +171,8 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
                  launch_stream, 0 if SIMULATOR else raw_stream_handle(stream, kind, q), stream,
                  q)
     # Each array by its own kind: a bfloat16 caller may hold torch tensors and a CuPy lse.
-    if half:
-        _check_rows_aligned(q=q, k=k, v=v, dout=dout)
+    if half and not SIMULATOR:
+        check_rows_aligned("the 16-bit backward", q=q, k=k, v=v, dout=dout)
     kq, kk, kv, ko, kdo = (call.wrap(x) for x in (q, k, v, out, dout))
     delta, lse2 = _preprocess(call, ko, kdo, kernel_array(lse, array_kind(lse), False, lead),
                               cu[0])
@@ -356,20 +356,6 @@ def _main_kernels(call, deterministic, dkdv_args, dq_args):
         dqk = _cached(("fma_dq",) + key + geo_args + call.options,
                       lambda: bw.make_fma_dq_kernel(*key, *geo_args, **options))
         _launch(call, dqk, (n_q, heads), geo["threads"], dq_args)
-
-
-def _check_rows_aligned(**arrays):
-    """The 16-bit kernels copy rows in 16-byte pieces (cp.async): pointers and the strides of
-    every axis but head_dim must be multiples of 16 bytes (three axes, two for a packed
-    batch's (total, heads, head_dim) arrays)."""
-    if SIMULATOR:
-        return
-    for name, x in arrays.items():
-        ptr, _, strides, _, _ = interface(x, array_kind(x))
-        if ptr % 16 or any(st % 16 for st in strides[:-1]):
-            raise ValueError(f"{name} must be 16-byte aligned (pointer and the strides of the "
-                             f"axes before head_dim) for the 16-bit backward, got strides "
-                             f"{tuple(strides)} bytes; make a contiguous copy")
 
 
 _SMEM_RAISED: set = set()

@@ -19,8 +19,8 @@ from ..kernels.decode_fma import DECODE_WARPS, MAX_ROWS, decode_kernel
 from ..kernels.decode_mma import MMA_ROWS, make_mma_decode_kernel, mma_decode_supported
 from ..kernels.merge import OUT_BF16, OUT_F16
 from ..primitives import SIMULATOR
-from .arrays import (BFloat16Array, caller_param, empty_like_kind, fixed_param, gpu_inputs,
-                     interface, kernel_array, placeholder)
+from .arrays import (BFloat16Array, caller_param, check_rows_aligned, empty_like_kind,
+                     fixed_param, gpu_inputs, interface, kernel_array, placeholder)
 from .attention import window_flags
 from .device import compute_capability, current_device_id, sm_count
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, stream_is_capturing
@@ -342,11 +342,7 @@ def decode_cuda(q, k_cache, v_cache, *, cache_seqlens, block_table, softmax_scal
     if dtype_name not in ("float16", "bfloat16"):
         raise TypeError(f"decode on the GPU takes float16 or bfloat16 q / k_cache / v_cache, got "
                         f"{dtype_name}; use NumPy arrays (CPU mode) for float32 / float64")
-    for name, (ptr, _, strides, _, _) in (("k_cache", interfaces[1]), ("v_cache", interfaces[2])):
-        if ptr % 16 or any(st % 16 for st in strides[:3]):
-            raise ValueError(f"{name} must be 16-byte aligned (pointer and the strides of its first "
-                             f"three axes) for vector loads, got strides {tuple(strides)} bytes; "
-                             f"make a contiguous copy")
+    check_rows_aligned("the decode kernels' vector loads", k_cache=k_cache, v_cache=v_cache)
     options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                    sinks=sinks, tree_parents=tree_parents, softcap=softcap,
                    num_splits=num_splits, return_lse=return_lse)
@@ -426,7 +422,7 @@ def _register_fast(fast, plan, kind, q, d, block_table, cache_seqlens):
                                None if d.full_lens else cache_seqlens) if x is not None)
     register_fast(_FAST_CALLS, key, FastCall(
         plan, kind, q, current_device_id(), (d.batch, d.seqlen_q, d.heads_q, d.head_dim),
-        None, (d.batch, d.heads_q, d.seqlen_q) if d.return_lse else None, extras, True,
+        None, (d.batch, d.heads_q, d.seqlen_q) if d.return_lse else None, extras,
         guards=guards, order=order, align=15))
 
 

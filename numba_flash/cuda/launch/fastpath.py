@@ -108,13 +108,13 @@ def call_key(name, arrays, options):
 
 
 class FastCall:
-    """What a repeated call needs: the plan, the outputs to allocate, the device, whether
-    16-bit data must be 4-byte aligned, and the objects keyed by identity (``guards``)."""
+    """What a repeated call needs: the plan, the outputs to allocate, the device, the
+    alignment of the inputs' pointers, and the objects keyed by identity (``guards``)."""
 
-    def __init__(self, plan, kind, like, device, out_shape, out_dtype, lse_shape, extras, half,
-                 guards=(), order=None, align=3):
-        self.plan, self.device, self.half, self.guards = plan, device, half, guards
-        self.align = align            # 16-bit data: the inputs' pointers must clear these bits
+    def __init__(self, plan, kind, like, device, out_shape, out_dtype, lse_shape, extras,
+                 guards=(), order=None, align=0):
+        self.plan, self.device, self.guards = plan, device, guards
+        self.align = align            # the inputs' pointers must clear these bits (15: 16 bytes)
         self.order = order            # None: pointers in the order inputs, out, lse, extras
         self.n_extras = len(extras)
         self.pointer = _fast_pointer(like)
@@ -132,7 +132,7 @@ class FastCall:
             return None
         pointer = self.pointer
         ptrs = [pointer(x) for x in arrays]
-        if self.half and (ptrs[0] | ptrs[1] | ptrs[2]) & self.align:
+        if (ptrs[0] | ptrs[1] | ptrs[2]) & self.align:
             return None          # the full path raises the alignment error
         out = self.new_out()
         ptrs.append(pointer(out))

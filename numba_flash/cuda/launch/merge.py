@@ -87,7 +87,7 @@ def merge_states_cuda(o, lse, *, stream=None, fast=None):
                     raw_stream_handle(stream, kind, o))
         if fast is not None and kind in ("torch", "cupy"):
             register_fast(_FAST_CALLS, fast, FastCall(
-                plan, kind, o, device, (b, s, h, d), "float32", (b, h, s), (), False,
+                plan, kind, o, device, (b, s, h, d), "float32", (b, h, s), (),
                 order=(0, 1, 2, 3)))
     return out, lse_out
 
