@@ -134,3 +134,16 @@ def test_attention_signature_keys_packed_batch_arrays_by_geometry():
     wide = FakeTensor((4,), 1 << 23, dtype="int64")
     assert key(cu, cu) == key(same, same)
     assert len({key(cu, cu), key(longer, cu), key(cu, wide), key(cu, cu, (True, False))}) == 4
+
+
+def test_two_input_call_without_alignment_check(call, monkeypatch):
+    """merge_states' shape of call: two inputs (o, lse), no alignment bits to check (align 0),
+    pointers in the plan's order."""
+    fast, _ = call
+    merge = fastpath.FastCall(RecordingPlan(), "torch", FakeTensor((1, 8, 2, 64), 0x1000), 0,
+                              (1, 8, 2, 64), "float32", (1, 2, 8), (), order=(0, 1, 2, 3))
+    merge.current = fast.current
+    o, lse = FakeTensor((2, 1, 8, 2, 64), 0x1004, "float32"), FakeTensor((2, 1, 2, 8), 0x2004)
+    assert merge.run((o, lse), (), (), None) is not None
+    pointers, _ = merge.plan.calls[-1]
+    assert pointers[:2] == [0x1004, 0x2004] and len(pointers) == 4

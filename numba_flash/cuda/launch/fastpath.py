@@ -132,7 +132,7 @@ class FastCall:
             return None
         pointer = self.pointer
         ptrs = [pointer(x) for x in arrays]
-        if (ptrs[0] | ptrs[1] | ptrs[2]) & self.align:
+        if self.align and (ptrs[0] | ptrs[1] | ptrs[2]) & self.align:
             return None          # the full path raises the alignment error
         out = self.new_out()
         ptrs.append(pointer(out))
