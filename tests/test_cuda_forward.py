@@ -489,6 +489,17 @@ def test_warp_specialised_kernel(dtype_name, d, sq, sk, causal, scale):
                scale=scale)
 
 
+@pytest.mark.parametrize("d, causal", [(128, False), (96, True)])
+def test_warp_specialised_kernel_strided_inputs(d, causal):
+    """The warp-specialised producer steps through whole key tiles by the arrays' own row
+    strides: (B, H, S, D) storage passed as (B, S, H, D) views (rows D elements apart, not
+    H D), GQA 2, a partial last tile, against the float64 reference."""
+    if not launch.wgmma_device():
+        pytest.skip("the warp-specialised kernel runs on compute capability 9.0 only")
+    check_case(np.random.default_rng(d), "float16", 2, 200, 333, 4, 2, d, causal=causal,
+               transpose=True)
+
+
 @gpu
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_misaligned_inputs_raise_and_leave_the_context_usable(dtype):

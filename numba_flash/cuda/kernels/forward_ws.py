@@ -23,7 +23,8 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (cp_async_commit, cp_async_wait_1, cp_async_wait_all, fence_mbar_init,
+from ..primitives import (cp_async16_at_address, cp_async_commit, cp_async_wait_1,
+                          cp_async_wait_all, fence_mbar_init, global_address,
                           fence_proxy_async, mbar_arrive, mbar_init, mbar_try_wait, named_arrive,
                           named_sync, regs_dec_72, regs_inc_216, wgmma_wait)
 from .forward_geometry import wgmma_row_bytes
@@ -70,6 +71,18 @@ def _wait(addr, parity):
     """Spin until the phase of parity ``parity`` of the mbarrier at ``addr`` has completed."""
     while not mbar_try_wait(addr, parity):
         pass
+
+
+@inlined
+def _copy_whole_rows(dst_addr, src_addr, pass_bytes, passes, nseg, tpl, rpp, blk):
+    """``copy_rows``'s copy (same threads, chunks and swizzled places) of a tile whose rows
+    are all in bounds, from this thread's first chunk's global address ``src_addr`` (int64)
+    stepping ``pass_bytes`` per pass: no bounds, no per-copy indexing."""
+    for ps in range(passes):
+        row_addr = src_addr + ps * pass_bytes
+        for sg in range(nseg):
+            seg = (dst_addr ^ ((sg * tpl % 8) << 4)) + (sg * tpl // 8) * blk
+            cp_async16_at_address(seg + ps * rpp * 128, row_addr + sg * tpl * 16)
 
 
 def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
@@ -152,10 +165,19 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
                     copy_rows(dyn, sbase + Q_OFF + cp_dst, q, b, 0, qtile * BM, seqlen_q, h,
                               cp_row, cp_part, cp_swz, Q_PASSES, NSEG, TPL, RPP, BLK_Q, True)
                 kdst = sbase + K_OFF + st * STAGE + cp_dst
-                copy_rows(dyn, kdst, k, b, 0, tile * BN, seqlen_k, hk, cp_row, cp_part, cp_swz,
-                          KV_PASSES, NSEG, TPL, RPP, BLK_K, True)
-                copy_rows(dyn, kdst + V_IN, v, b, 0, tile * BN, seqlen_k, hk, cp_row, cp_part,
-                          cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, True)
+                # Whole tiles by address steps; not at head_dim 256, whose producer keeps 72
+                # registers (the addresses spill there: ptxas 13.0).
+                if not REALLOC and tile * BN + BN <= seqlen_k:
+                    row = tile * BN + cp_row        # this thread's first chunk's row
+                    _copy_whole_rows(kdst, global_address(k, b, row, hk, cp_part * 4),
+                                     k.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
+                    _copy_whole_rows(kdst + V_IN, global_address(v, b, row, hk, cp_part * 4),
+                                     v.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
+                else:
+                    copy_rows(dyn, kdst, k, b, 0, tile * BN, seqlen_k, hk, cp_row, cp_part,
+                              cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, True)
+                    copy_rows(dyn, kdst + V_IN, v, b, 0, tile * BN, seqlen_k, hk, cp_row,
+                              cp_part, cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, True)
                 cp_async_commit()
                 if AHEAD and i > 0:     # the previous tile landed, this one may not have
                     cp_async_wait_1()

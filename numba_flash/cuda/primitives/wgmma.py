@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from .base import SIMULATOR, inlined
 
-__all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async4_to", "lds_i32x2",
+__all__ = ["shared_addr", "sw128_desc", "cp_async16_to", "cp_async16_at_address",
+           "global_address", "cp_async4_to", "lds_i32x2",
            "sts32", "fence_proxy_async", "wgmma_fence",
            "wgmma_commit", "wgmma_wait", "wgmma_ss", "wgmma_ss_mn", "wgmma_rs",
            "wgmma_hold"]
@@ -98,6 +99,35 @@ if not SIMULATOR:
             asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;",
                                "r,l,r,~{memory}", side_effect=True)
             builder.call(asm, [d, g, n])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def global_address(typingctx, src, s0, s1, s2, s3):
+        """The global address (int64) of ``src[s0, s1, s2, s3]``, for copies that step
+        through a tensor by byte strides instead of indexing it each time."""
+        sig = types.int64(src, s0, s1, s2, s3)
+
+        def codegen(context, builder, sig, args):
+            return item_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1:],
+                                    args[1:])
+
+        return sig, codegen
+
+    @intrinsic
+    def cp_async16_at_address(typingctx, saddr, gaddr):
+        """16 bytes from global address ``gaddr`` (int64, from ``global_address``) to shared
+        address ``saddr`` (uint32); no zero fill: the caller knows the bytes are in bounds."""
+        sig = types.void(saddr, gaddr)
+
+        def codegen(context, builder, sig, args):
+            d = context.cast(builder, args[0], sig.args[0], types.uint32)
+            g = context.cast(builder, args[1], sig.args[1], types.int64)
+            fnty = ir.FunctionType(ir.VoidType(), [_I32, _I64])
+            asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16;",
+                               "r,l,~{memory}", side_effect=True)
+            builder.call(asm, [d, g])
             return context.get_dummy_value()
 
         return sig, codegen
@@ -352,6 +382,7 @@ else:
         raise NotImplementedError("wgmma needs a compute-capability 9.0 GPU (not the simulator)")
 
     shared_addr = sw128_desc = cp_async16_to = cp_async4_to = lds_i32x2 = sts32 = _unavailable
+    global_address = cp_async16_at_address = _unavailable
     fence_proxy_async = _unavailable
     wgmma_fence = wgmma_commit = wgmma_wait = wgmma_ss = wgmma_ss_mn = wgmma_rs = _unavailable
     wgmma_hold = _unavailable
