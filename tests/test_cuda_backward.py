@@ -386,7 +386,8 @@ def test_public_door_runs_the_kernels():
 def test_row_alignment_check_takes_packed_arrays():
     """The 16-byte alignment check of the forward / backward / decode launches looks at the
     axes before head_dim: a packed batch's contiguous (total, heads, head_dim) array passes, a
-    view whose rows sit 8 bytes apart does not, nor one 8 bytes past a 16-byte boundary."""
+    view whose rows sit 8 bytes apart does not, nor one 8 bytes past a 16-byte boundary; the
+    strides of length-1 axes do not count."""
     from numba_flash.cuda.launch.arrays import check_rows_aligned
 
     base = np.zeros((64 + 16,), np.float16)
@@ -399,6 +400,9 @@ def test_row_alignment_check_takes_packed_arrays():
         check_rows_aligned("the test", q=base[offset:offset + 64].reshape(16, 1, 4))
     with pytest.raises(ValueError, match="k must be .* a pointer 8 bytes past"):
         check_rows_aligned("the test", k=base[offset + 4:offset + 68].reshape(4, 1, 16))
+    # A length-1 axis may carry any stride (as torch reports after some views): exempt.
+    ones = np.lib.stride_tricks.as_strided(packed, (1, 4, 1, 16), (2, 32, 6, 2))
+    check_rows_aligned("the test", q=ones)
 
 
 def test_wgmma_dkdv_compiles_offline():

@@ -201,10 +201,11 @@ def _device_view(x, ptr, shape, strides, words):
 def check_rows_aligned(reader: str, **arrays):
     """Raise ValueError unless each array's pointer and the strides of every axis but head_dim
     are multiples of 16 bytes: ``reader`` (the kernels, named in the message) copies rows in
-    16-byte pieces (cp.async, vector loads, TMA). GPU arrays only."""
+    16-byte pieces (cp.async, vector loads, TMA). Axes of length 1 are exempt: their stride
+    never moves an address (libraries report any value there). GPU arrays only."""
     for name, x in arrays.items():
-        ptr, _, strides, _, _ = interface(x, array_kind(x))
-        if ptr % 16 or any(st % 16 for st in strides[:-1]):
+        ptr, shape, strides, _, _ = interface(x, array_kind(x))
+        if ptr % 16 or any(st % 16 for n, st in zip(shape[:-1], strides[:-1]) if n > 1):
             raise ValueError(
                 f"{name} must be 16-byte aligned (its pointer and the strides of the axes before "
                 f"head_dim) for {reader}, got a pointer {ptr % 16} bytes past a 16-byte boundary "
@@ -213,11 +214,14 @@ def check_rows_aligned(reader: str, **arrays):
 
 
 def as_words(ptr, shape, strides):
-    """Shape and byte strides of the uint32 view (pairs along head_dim) of a 16-bit array."""
-    if ptr % 4 or any(s % 4 for s in strides[:3]):
+    """Shape and byte strides of the uint32 view (pairs along head_dim) of a 16-bit array
+    (length-1 axes get stride 0: whatever stride their library reported never moves an
+    address)."""
+    outer = tuple(0 if n == 1 else st for n, st in zip(shape[:3], strides[:3]))
+    if ptr % 4 or any(st % 4 for st in outer):
         raise ValueError("16-bit inputs must be 4-byte aligned (pointer and strides) so that "
                          "pairs along head_dim form 32-bit words; make a contiguous copy")
-    return tuple(shape[:3]) + (shape[3] // 2,), tuple(strides[:3]) + (4,)
+    return tuple(shape[:3]) + (shape[3] // 2,), outer + (4,)
 
 
 def empty_like_kind(kind: str, like, shape, name: str, zero: bool = False, fill=None):
