@@ -65,7 +65,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1)
         ndarrays (bfloat16 as ``ml_dtypes.bfloat16``), which run in CPU mode, or all GPU arrays
         exposing ``__cuda_array_interface__`` (CuPy arrays, PyTorch CUDA tensors, Numba device
         arrays), which run the CUDA kernels. GPU arrays may have any strides as long as head_dim
-        is contiguous (a transposed view of a (B, H, S, D) tensor works without a copy).
+        is contiguous and the data pointer and the other axes' strides are multiples of 16
+        bytes (axes of length 1 exempt; else ValueError): a transposed view of a (B, H, S, D)
+        tensor works without a copy.
         ``heads_q`` must be a multiple of ``heads_kv`` (GQA/MQA): query head ``h`` reads kv head
         ``h // (heads_q // heads_kv)``.
     softmax_scale : float, optional

@@ -54,7 +54,7 @@ def main():
             "auto")
     _, (key, _) = runtime.attention_fast(q, k, v, opts, (), (None, None), None)
     call = fastpath.FastCall(plan, "torch", q, -1, (1, 128, 16, 64), "float16", None, (),
-                             True, guards=(None, None))
+                             guards=(None, None), align=15)
     call.stream = lambda: 0
     fastpath.register_fast(runtime._FAST_CALLS, key, call)
     rows = [("numba_flash.attention (whole door)",

@@ -271,7 +271,8 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim); one
     dtype among float16, bfloat16 (tensor cores, fp32 accumulation), float32, float64 (exact
-    CUDA-core paths); any strides with a contiguous head_dim; head_dim in 32, 64, 96, 128, 256.
+    CUDA-core paths); any strides with a contiguous head_dim, the pointer and the other strides
+    multiples of 16 bytes (length-1 axes exempt); head_dim in 32, 64, 96, 128, 256.
     Returns out of the inputs' kind and dtype, (batch, seqlen_q, heads_q, head_dim) contiguous,
     or (out, lse) with lse float32 (float64 for float64 inputs) (batch, heads_q, seqlen_q),
     natural-log, -inf for rows that

@@ -4,7 +4,8 @@ A signature is everything validation and planning depend on: the array library, 
 shape, strides, dtype and device, and every keyword (arrays among them by their geometry; mask
 and score_mod objects by identity, guarded against a recycled id). A hit skips validation and
 planning: the call allocates its outputs with the caller's allocator, reads the data pointers,
-checks the current device and 4-byte alignment of 16-bit data, and launches the recorded plan
+checks the current device and, where the call asks (``align``), the inputs' pointer alignment
+(16 bytes for attention and decode), and launches the recorded plan
 on the caller's stream. Only CuPy arrays and PyTorch tensors take this path (their geometry is
 cheap to read); anything else, and any miss, goes through the full path, which records the
 plan for next time. Tables are bounded (cleared when full).
@@ -123,7 +124,7 @@ class FastCall:
                                                               lse_shape)
 
     def run(self, arrays, extras, guards, stream):
-        """Launch on ``arrays`` (q, k, v) and ``extras`` (the caller's other device arrays, in
+        """Launch on ``arrays`` (the inputs: q, k, v; merge_states' o, lse) and ``extras`` (the caller's other device arrays, in
         plan order); None when this call cannot take the fast path after all."""
         for given, recorded in zip(guards, self.guards):
             if given is not recorded:
