@@ -31,8 +31,8 @@ from .mma import mma16, mma_bf16, mma_f16, pack16, pack_bf16, pack_f16
 from .sync import arrive_acq_rel, bcast0, ld2, st2
 from .warp import ballot, lowest_bit, shfl_idx, shfl_xor, syncwarp
 from .wgmma import (cp_async4_to, cp_async16_to, cp_async16_at_address, fence_proxy_async,
-                    global_address, lds_i32x2, shared_addr, sts32, sw128_desc, wgmma_commit, wgmma_fence, wgmma_hold, wgmma_rs, wgmma_ss,
-                    wgmma_ss_mn, wgmma_wait)
+                    global_address, lds_i32x2, shared_addr, sts32, sw128_desc, wgmma_commit,
+                    wgmma_fence, wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait)
 from .smem import lds16, shared_view
 from .grid import grid_dependency_wait, grid_launch_dependents
 from .vector import ld_v4, unpack16, unpack_bf16, unpack_f16
