@@ -50,12 +50,9 @@ from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, MASK_MOD, NONE, bit_visible, key_tiles,
                       mask_mod_device, past_sinks, tile_class)
 from .sequences import packed_sequence
-from .schedule import L2_GROUP_BYTES, tile_order
 from .tile_ops import window_visible
 from .tile_classes import FULL, SKIP
 from ..primitives.base import inlined
-
-_tile_order = inlined(tile_order)
 
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_convert_kernel", "make_fma_dkdv_kernel",
            "make_fma_dq_kernel", "make_mma_dkdv_kernel", "make_mma_dq_kernel", "fma_layout",
@@ -158,43 +155,24 @@ def block_sequence(varlen, cu_q, cu_k, b, total_q, total_k, seqlen_q, seqlen_k):
     return b, 0, 0, seqlen_q, seqlen_k
 
 
-def backward_budget_rows(head_dim: int, has_left: bool, has_right: bool,
-                         varlen: bool) -> int:
-    """The grid order of a column-parallel kernel (a compile-time constant): 0 (key tiles of a
-    row in order, rows in order) unless only a right bound (causal) makes the key tiles' work
-    unequal, where the first key tile of a row sees every query tile and the last one a few;
-    there ``key_block`` takes the rows in groups whose Q and dO (4 head_dim bytes a row) fit
-    ``L2_GROUP_BYTES``, longest key tiles first across the group (schedule.py), so that the
-    heavy blocks start together and light ones fill the last wave. Not for packed batches
-    (unequal rows)."""
-    return 0 if varlen or has_left or not has_right else L2_GROUP_BYTES // (4 * head_dim)
-
-
 @inlined
-def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen, budget_rows):
+def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
     """``(ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k)`` of a column-parallel block
-    (grid: key tiles x B * Hq, in the order of ``backward_budget_rows``): its key tile, batch
-    entry, query head and that head's kv head, then ``block_sequence``'s batch index, row
-    offsets and lengths."""
-    if budget_rows == 0:
-        ktile = np.int64(cuda.blockIdx.x)
-        row = np.int64(cuda.blockIdx.y)
-    else:
-        _, ktile, row = _tile_order(cuda.blockIdx.y * cuda.gridDim.x + cuda.blockIdx.x,
-                                    cuda.gridDim.x, cuda.gridDim.y, seqlen_q, 1, budget_rows)
-    b = row // q.shape[2]
-    h = row % q.shape[2]
+    (grid: key tiles x B * Hq): its key tile, batch entry, query head and that head's kv head,
+    then ``block_sequence``'s batch index, row offsets and lengths."""
+    b = cuda.blockIdx.y // q.shape[2]
+    h = cuda.blockIdx.y % q.shape[2]
     ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(varlen, cu_q, cu_k, b, q.shape[1],
                                                           k.shape[1], seqlen_q, seqlen_k)
-    return ktile, b, h, h // heads_ratio, ab, q_off, k_off, seqlen_q, seqlen_k
+    return cuda.blockIdx.x, b, h, h // heads_ratio, ab, q_off, k_off, seqlen_q, seqlen_k
 
 
 @inlined
-def block_table_and_slope(has_alibi, alibi, mk_tab, b, h, heads, dtype):
+def block_table_and_slope(has_alibi, alibi, mk_tab, b, h, dtype):
     """``(tb, slope)`` of the block (b, h): its slab of the mask's class table (0 for a table
     shared by every batch entry and head) and its ALiBi slope as ``dtype`` (0 without
     ``has_alibi``; alibi (1 or B, Hq))."""
-    tb = min(b * heads + h, mk_tab.shape[0] - 1)
+    tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
     slope = dtype(0.0)
     if has_alibi:
         slope = dtype(alibi[min(b, alibi.shape[0] - 1), h])
@@ -499,7 +477,7 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
             return
         key = k0 + tid // TP
         offset = seqlen_k - seqlen_q
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], npdt)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, npdt)
         qs = cuda.shared.array((BM, D), dt)
         dos = cuda.shared.array((BM, D), dt)
         ls = cuda.shared.array(BM, dt)
@@ -595,7 +573,7 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
         row = r0 + tid // TP
         ok = row < seqlen_q
         offset = seqlen_k - seqlen_q
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], npdt)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, npdt)
         ks = cuda.shared.array((BN, D), dt)
         vs = cuda.shared.array((BN, D), dt)
         qr = cuda.local.array(E, dt)
@@ -1046,14 +1024,13 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
     ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
     assert not (DIRECT and VARLEN)
     mod = mask_mod_device(mask_mod)
-    BUDGET = backward_budget_rows(D, has_left, has_right, VARLEN)
     u32, f32 = types.uint32, types.float32
 
     def kernel(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
                heads_ratio, scale, scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm,
                mk_tab, mk_bits, alibi, cu_q, cu_k):
         ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k = key_block(
-            q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, VARLEN, BUDGET)
+            q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, VARLEN)
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -1062,7 +1039,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         k0 = ktile * BN
         if VARLEN and k0 >= seqlen_k:
             return
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], np.float32)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, np.float32)
         slope_log2 = slope * np.float32(LOG2E)
         where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         dyn = cuda.shared.array(0, u32)
@@ -1189,7 +1166,7 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
             return
         r1 = min(r0 + BM, seqlen_q)
         offset = seqlen_k - seqlen_q
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], np.float32)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, np.float32)
         slope_log2 = slope * np.float32(LOG2E)
         where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         qs = cuda.shared.array((BM, DWP), u32)

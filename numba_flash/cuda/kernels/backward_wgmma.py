@@ -8,17 +8,17 @@ Q / dO slices for every 16-row slice) was the limit there (Nsight Compute, H200,
 L1 73 % busy with shared-memory wavefronts, tensor pipe 29 %).
 
 Block: two warpgroups (8 warps) own 128 keys, 64 each (warp w: keys 16 w .. 16 w + 15, the
-wgmma accumulator rows, as in the mma.sync kernel); at head_dim 64 one warpgroup owns 64 keys
-(``wgmma_warpgroups``). 64-row query tiles stream through two shared buffers by cp.async. Per query tile, per warpgroup (``Q``, ``dO`` the tile's rows)::
+wgmma accumulator rows, as in the mma.sync kernel); 64-row query tiles stream through two
+shared buffers by cp.async. Per query tile, per warpgroup (``Q``, ``dO`` the tile's rows)::
 
     S^T  = K_w Q^T          wgmma m64n64, A = K_w, B = Q    (both K-major, shared)
     dP^T = V_w dO^T         idem
     P^T, dS^T               registers (backward.probs_grads: mask, softcap, ALiBi)
     dV_w += P^T dO          wgmma m64n{D}, A = P^T (registers), B = dO (MN-major, shared)
     dK_w += dS^T Q          idem
-    dQ   += scale dS K      wgmma m64n{D / W}, A = dS (dS^T in shared memory, MN-major),
-                            B = K (MN-major): of W warpgroups, w the columns D / W w .. over
-                            all the block's keys, added into dQ by atomics (one per element
+    dQ   += scale dS K      wgmma m64n{D / 2}, A = dS (dS^T in shared memory, MN-major),
+                            B = K (MN-major): warpgroup w the columns D / 2 w .. over all
+                            the block's keys, added into dQ by atomics (one per element
                             and block)
 
 head_dim 256 (``wgmma_split``): the block owns 64 keys; both warpgroups compute S^T and dP^T of
@@ -27,8 +27,8 @@ same half.
 
 Shared memory (128-byte swizzle, 64-column blocks; primitives/wgmma.py): the stats of two
 tiles (base-2 lse, delta), then from a 1024-byte aligned base K and V (the block's keys), two Q
-and two dO buffers (64 rows), dS^T (keys x 64 rows). head_dim 64: 58 KB, two blocks per SM (188
-registers); 128: 149.5 KB, one block per SM; 256: 202 KB.
+and two dO buffers (64 rows), dS^T (keys x 64 rows). head_dim 128: 149.5 KB, one block per SM;
+256: 202 KB.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from numba.cuda import types
 from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async,
                           shared_addr, shared_view, sts32, sw128_desc, wgmma_commit, wgmma_fence,
                           wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait)
-from .backward import (LOG2E, backward_budget_rows, block_table_and_slope, key_block, next_query_tile,
+from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
                        prefetch_stats, probs_grads, query_rows, store_dkdv, store_fragments,
                        tile_kind, zero)
 from .forward_mma_tiles import copy_rows
@@ -47,10 +47,11 @@ from .jitcache import jit_kernel
 from .masking import NONE, mask_mod_device
 from ..primitives.base import inlined
 
-__all__ = ["WG_BWD_HEAD_DIMS", "WG_BWD_BLOCK_M", "wgmma_threads", "wgmma_block_n",
+__all__ = ["WG_BWD_HEAD_DIMS", "WG_BWD_THREADS", "WG_BWD_BLOCK_M", "wgmma_block_n",
            "wgmma_dkdv_smem_bytes", "make_wgmma_dkdv_kernel"]
 
 WG_BWD_HEAD_DIMS = (64, 128, 256)
+WG_BWD_THREADS = 256
 WG_BWD_BLOCK_M = 64         # rows per streamed query tile
 STAT_ROWS = 2               # query tiles in flight: rows of the shared lse / delta tiles
 
@@ -63,21 +64,9 @@ def wgmma_split(head_dim: int) -> int:
     return 2 if head_dim == 256 else 1
 
 
-def wgmma_warpgroups(head_dim: int) -> int:
-    """Warpgroups per block: one at head_dim 64 (64 keys, ~58 KB of shared memory: two or three
-    blocks share an SM and their barriers are independent, so one block's probabilities run
-    while another's products do), two beyond."""
-    return 1 if head_dim == 64 else 2
-
-
-def wgmma_threads(head_dim: int) -> int:
-    """Threads per block: 128 per warpgroup."""
-    return 128 * wgmma_warpgroups(head_dim)
-
-
 def wgmma_block_n(head_dim: int) -> int:
     """Keys owned per block: 64 per warpgroup, or 64 in all with the column split."""
-    return 64 * wgmma_warpgroups(head_dim) // wgmma_split(head_dim)
+    return 128 // wgmma_split(head_dim)
 
 
 def _tile_bytes(head_dim: int) -> tuple:
@@ -113,15 +102,14 @@ def rows_desc(desc, kb):
 
 @inlined
 def prefetch_query_tile(ls, dls, buf, q_addr, do_addr, q, dout, lse2, delta, ab, q_off, b, h, r0,
-                        seqlen_q, cp_row, cp_part, tid, passes, nseg, blk, rpp):
+                        seqlen_q, cp_row, cp_part, tid, passes, nseg, blk):
     """Start the copies of query tile rows r0 .. (sequence-relative; zeros past seqlen_q) of Q
     and dO into the swizzled tiles at shared addresses ``q_addr`` / ``do_addr`` (this thread's
-    first destination; ``rpp`` rows per pass) and of their stats into row ``buf`` of ``ls`` /
-    ``dls``."""
+    first destination) and of their stats into row ``buf`` of ``ls`` / ``dls``."""
     copy_rows(ls, q_addr, q, ab, q_off, r0, seqlen_q, h, cp_row, cp_part, 0, passes, nseg, 8,
-              rpp, blk, True)
+              WG_BWD_THREADS // 8, blk, True)
     copy_rows(ls, do_addr, dout, ab, q_off, r0, seqlen_q, h, cp_row, cp_part, 0, passes, nseg, 8,
-              rpp, blk, True)
+              WG_BWD_THREADS // 8, blk, True)
     prefetch_stats(ls, dls, buf, lse2, delta, b, h, r0, tid)
 
 
@@ -199,12 +187,12 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                            varlen: bool = False, direct: bool = False):
     """The wgmma dK / dV kernel (module docstring) for head_dim 64, 128 or 256: the signature,
     arguments and outputs of ``backward.make_mma_dkdv_kernel``; grid ``(ceil(Sk /
-    wgmma_block_n), B * Hq)``, ``wgmma_threads`` threads, ``wgmma_dkdv_smem_bytes`` of dynamic
+    wgmma_block_n), B * Hq)``, ``WG_BWD_THREADS`` threads, ``wgmma_dkdv_smem_bytes`` of dynamic
     shared memory."""
     D = int(head_dim)
     assert D in WG_BWD_HEAD_DIMS, D
     SPLIT, BN = wgmma_split(D), wgmma_block_n(D)
-    BM, NT, NWG = WG_BWD_BLOCK_M, wgmma_threads(D), wgmma_warpgroups(D)
+    BM, NT = WG_BWD_BLOCK_M, WG_BWD_THREADS
     DH = D // SPLIT                                # dK / dV columns of a warpgroup
     KS, NSEG = D // 16, D // 64
     BLK_K, BLK_Q = BN * 128, BM * 128              # bytes per 64-column block of a tile
@@ -212,23 +200,23 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     BUF = BM * D * 2                               # bytes of one Q (dO) buffer
     RPP = NT // 8                                  # rows per copy pass (8 threads per segment)
     KV_PASSES, Q_PASSES = BN // RPP, BM // RPP
-    # dQ per warpgroup: all the block's keys x its D / NWG columns (two warpgroups: 128: 64
-    # columns; 256: 128), so each dQ element gets one atomic per block
+    # dQ per warpgroup: all the block's keys x its D / 2 columns (head_dim 64: 32 columns that
+    # start inside a 64-column block; 128: 64; 256: 128), so each dQ element gets one atomic
+    # per block
     DQ_STEPS = BN // 16
-    DQ_N = D // NWG
+    DQ_N = D // 2
     ACC_N, DQA_N = DH // 2, DQ_N // 2
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
     ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
     assert not (DIRECT and VARLEN)
     mod = mask_mod_device(mask_mod)
-    BUDGET = backward_budget_rows(D, has_left, has_right, VARLEN)
     u32, f32 = types.uint32, types.float32
 
     def kernel(q, k, v, dout, lse2, delta, dq_acc, dk_acc, dv_acc, seqlen_q, seqlen_k,
                heads_ratio, scale, scale_log2, cap_in, cap_log2, wl, wr, sinks, mk_iv, mk_mm,
                mk_tab, mk_bits, alibi, cu_q, cu_k):
         ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k = key_block(
-            q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, VARLEN, BUDGET)
+            q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, VARLEN)
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -239,7 +227,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         k0 = ktile * BN
         if VARLEN and k0 >= seqlen_k:
             return
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], np.float32)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, np.float32)
         slope_log2 = slope * np.float32(LOG2E)
         where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         dynf = cuda.shared.array(0, f32)
@@ -281,7 +269,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         if t < end:
             prefetch_query_tile(ls, dls, 0, sbase + Q_OFF + cp_dst, sbase + DO_OFF + cp_dst, q,
                                 dout, lse2, delta, ab, q_off, b, h, t * BM, seqlen_q, cp_row,
-                                cp_part, tid, Q_PASSES, NSEG, BLK_Q, RPP)
+                                cp_part, tid, Q_PASSES, NSEG, BLK_Q)
         cp_async_commit()
         cur = 0
         while t < end:
@@ -295,7 +283,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 nb = (1 - cur) * BUF + cp_dst
                 prefetch_query_tile(ls, dls, 1 - cur, sbase + Q_OFF + nb, sbase + DO_OFF + nb,
                                     q, dout, lse2, delta, ab, q_off, b, h, nxt * BM, seqlen_q,
-                                    cp_row, cp_part, tid, Q_PASSES, NSEG, BLK_Q, RPP)
+                                    cp_row, cp_part, tid, Q_PASSES, NSEG, BLK_Q)
             cp_async_commit()
             r0 = t * BM
             _, full = tile_kind(KIND, mk_mm, mk_tab, tb, t, ktile, r0, BM, k0, BN, seqlen_q,

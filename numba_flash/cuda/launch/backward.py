@@ -60,9 +60,8 @@ def backward_geometry(dtype_name: str, head_dim: int, tiles=None) -> dict:
     if dtype_name in _HALF:
         dq_warps, dq_bm, dq_bn = tiles or bw.mma_dq_layout(head_dim)
         if tiles is None and head_dim in bwg.WG_BWD_HEAD_DIMS and wgmma_device():
-            threads = bwg.wgmma_threads(head_dim)
-            return dict(path="wgmma", threads=threads, block_n=bwg.wgmma_block_n(head_dim),
-                        block_m=bwg.WG_BWD_BLOCK_M, warps=threads // 32,
+            return dict(path="wgmma", threads=bwg.WG_BWD_THREADS, block_n=bwg.wgmma_block_n(head_dim),
+                        block_m=bwg.WG_BWD_BLOCK_M, warps=bwg.WG_BWD_THREADS // 32,
                         smem=bwg.wgmma_dkdv_smem_bytes(head_dim), dq_warps=dq_warps,
                         dq_block_m=dq_bm, dq_block_n=dq_bn)
         warps, bn, bm = tiles or bw.mma_layout(head_dim)
