@@ -208,7 +208,7 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         if WG:
             dyn = cuda.shared.array(0, types.uint32)
             sbase, cp_dst, dq, dk, dv = wgmma_tiles(dyn, warp, cp_row, cp_part, Q_OFF, K_OFF,
-                                                    V_OFF, BLK_K)
+                                                    V_OFF, BLK_K, False)
         qf = cuda.local.array(QF, types.uint32)
         s = cuda.local.array(S_N, types.float32)           # m-tile mt: s[mt * SF:(mt + 1) * SF]
         acc = cuda.local.array(ACC_N, types.float32)

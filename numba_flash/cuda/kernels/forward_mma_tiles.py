@@ -17,7 +17,7 @@ import numpy as np
 
 from ..primitives import (cp_async4_to, cp_async16, cp_async16_to, cp_async_commit, exp2,
                           lds_i32x2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shared_addr,
-                          shfl_xor, sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss,
+                          shfl_idx, shfl_xor, sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss,
                           wgmma_wait)
 from .masking import BITMASK, INTERVALS, LN2, LOG2E, MASK_MOD
 from ..primitives.base import inlined
@@ -456,14 +456,19 @@ def copy_bounds(iv_addr, mk_iv, key0, seqlen_k, tid, threads, per_thread, bn):
 
 
 @inlined
-def wgmma_tiles(dyn, warp, cp_row, cp_part, q_off, k_off, v_off, blk_k):
+def wgmma_tiles(dyn, warp, cp_row, cp_part, q_off, k_off, v_off, blk_k, broadcast):
     """wgmma path: ``(sbase, cp_dst, dq, dk, dv)``: the 1024-byte aligned shared address of the
     dynamic tiles (``dyn``, the kernel's dynamic shared array), this thread's first copy
     destination relative to a tile's start (row ``cp_row``, 16-byte chunk ``cp_part``,
     128-byte swizzle), and the uint64 descriptors of this warpgroup's 64 Q rows and of the K
     tile (both K-major) and the V tile (MN-major: leading offset = one 64-column block of V,
-    ``blk_k`` bytes); the tiles sit ``q_off`` / ``k_off`` / ``v_off`` bytes from ``sbase``."""
-    sbase = (np.int64(shared_addr(dyn)) + 1023) & ~1023
+    ``blk_k`` bytes); the tiles sit ``q_off`` / ``k_off`` / ``v_off`` bytes from ``sbase``.
+    ``broadcast``: the base read from lane 0, so that ptxas knows it (and the descriptors)
+    warp-uniform."""
+    base = shared_addr(dyn)
+    if broadcast:
+        base = np.uint32(shfl_idx(np.int32(base), 0))
+    sbase = (np.int64(base) + 1023) & ~1023
     cp_dst = cp_row * 128 + ((cp_part ^ (cp_row & 7)) << 4)
     dq = sw128_desc(sbase + q_off + (warp >> 2) * 64 * 128, 16, 1024)
     dk = sw128_desc(sbase + k_off, 16, 1024)

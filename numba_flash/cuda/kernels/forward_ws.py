@@ -26,7 +26,7 @@ from numba.cuda import types
 from ..primitives import (cp_async16_at_address, cp_async_commit, cp_async_wait_1,
                           cp_async_wait_all, fence_mbar_init, global_address,
                           fence_proxy_async, mbar_arrive, mbar_init, mbar_try_wait, named_arrive,
-                          named_sync, regs_dec_72, regs_inc_216, wgmma_wait)
+                          named_sync, regs_dec_72, regs_inc_216, shfl_idx, wgmma_wait)
 from .forward_geometry import wgmma_row_bytes
 from .forward_mma_tiles import (copy_coords, copy_rows, exp_and_pack, init_rows, mask_tile,
                                 pv_wgmma_start, qk_wgmma_start, rescale_acc, store_output,
@@ -117,6 +117,7 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
     # With 2 stages that is tile i - 2, just before they need tile i - 1: they would wait for
     # tile i's issue each time, so there the producer announces each tile first.
     AHEAD = STAGES >= 3
+    U0, U1, U_STAGES = np.uint32(0), np.uint32(1), np.uint32(STAGES)
     mod = mask_mod_device(None)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale_log2, cap_in, cap_out,
@@ -126,13 +127,16 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
         h = row % q.shape[2]
         hk = h // heads_ratio
         tid = cuda.threadIdx.x
-        warp = tid >> 5
+        # The warp index and the shared base broadcast from lane 0 (shfl_idx): ptxas then
+        # knows them warp-uniform and keeps the wgmma descriptors built from them in uniform
+        # registers instead of per-thread 64-bit arithmetic and R2UR moves in the loop.
+        warp = shfl_idx(tid >> 5, 0)
         lane = tid & 31
         cw = (warp - 4) & 7                     # consumer warp 0..7 (producers: unused)
         cp_row, cp_part, cp_swz = copy_coords(tid & 127, TPL, 0)
         dyn = cuda.shared.array(0, types.uint32)
         sbase, cp_dst, dq, dk, dv = wgmma_tiles(dyn, cw, cp_row, cp_part, Q_OFF, K_OFF,
-                                                K_OFF + V_IN, BLK_K)
+                                                K_OFF + V_IN, BLK_K, True)
         full0 = np.uint32(sbase + MB_OFF)
         empty0 = full0 + np.uint32(8 * STAGES)
         if tid == 0:
@@ -153,14 +157,14 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
                 regs_dec_72()
             if first > last:
                 return
-            i = 0
+            i = U0           # 32-bit stage arithmetic (a 64-bit i % 3 is a long sequence)
             for tile in range(first, last + 1):
-                st = i % STAGES
+                st = i % U_STAGES
                 if not AHEAD and i > 0:     # the previous tile landed: stage full
                     cp_async_wait_all()
                     fence_proxy_async()     # the bytes visible to wgmma (the async proxy)
-                    mbar_arrive(full0 + np.uint32(8 * ((i - 1) % STAGES)))
-                _wait(empty0 + np.uint32(8 * st), ((i // STAGES) + 1) & 1)
+                    mbar_arrive(full0 + 8 * ((i - U1) % U_STAGES))
+                _wait(empty0 + 8 * st, ((i // U_STAGES) + U1) & U1)
                 if i == 0:
                     copy_rows(dyn, sbase + Q_OFF + cp_dst, q, b, 0, qtile * BM, seqlen_q, h,
                               cp_row, cp_part, cp_swz, Q_PASSES, NSEG, TPL, RPP, BLK_Q, True)
@@ -182,11 +186,11 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
                 if AHEAD and i > 0:     # the previous tile landed, this one may not have
                     cp_async_wait_1()
                     fence_proxy_async()     # the bytes visible to wgmma (the async proxy)
-                    mbar_arrive(full0 + np.uint32(8 * ((i - 1) % STAGES)))
-                i += 1
+                    mbar_arrive(full0 + 8 * ((i - U1) % U_STAGES))
+                i += U1
             cp_async_wait_all()
             fence_proxy_async()
-            mbar_arrive(full0 + np.uint32(8 * ((i - 1) % STAGES)))
+            mbar_arrive(full0 + 8 * ((i - U1) % U_STAGES))
             return
 
         if REALLOC:
@@ -212,10 +216,10 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
         wg = cw >> 2
         if wg == 1 and first <= last:
             named_arrive(1, 256)
-        i = 0
+        i = U0
         for tile in range(first, last + 1):
-            st = i % STAGES
-            _wait(full0 + np.uint32(8 * st), (i // STAGES) & 1)
+            st = i % U_STAGES
+            _wait(full0 + 8 * st, (i // U_STAGES) & U1)
             k0 = tile * BN
             in_window = tile >= tile_lo and tile <= tile_hi
             full = flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k, window_left,
@@ -237,8 +241,8 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
             if wg == 0 or tile < last:    # warpgroup 1's arrivals: one ahead
                 named_arrive(2 - wg, 256)
             wgmma_wait(D, acc)
-            mbar_arrive(empty0 + np.uint32(8 * st))
-            i += 1
+            mbar_arrive(empty0 + 8 * st)
+            i += U1
         store_output(out, lse, acc, l_run, m_run, b, 0, h, wrow, g, t, seqlen_q, 1, OF, ND,
                      BF16, write_lse)
 
