@@ -340,3 +340,14 @@ def test_varlen_outputs_need_no_fill_before_the_launch(recorder, monkeypatch):
     out_words, lse_words = total_q * heads * dim * 2 // 4, heads * total_q
     assert recorder.calls == [("memset32", out.data_ptr(), 0, out_words, 55),
                               ("memset32", lse.data_ptr(), 0xFF800000, lse_words, 55)]
+
+
+def test_word_view_zeroes_length_one_strides():
+    """The uint32 view of a 16-bit (B, S, H, D) array: pairs along head_dim, and stride 0 on
+    length-1 axes whatever their library reported (also the 4-byte check's exemption); any
+    other stride that is not a multiple of 4 bytes is refused."""
+    from numba_flash.cuda.launch.arrays import as_words
+
+    assert as_words(16, (1, 5, 1, 8), (12345, 32, 999, 2)) == ((1, 5, 1, 4), (0, 32, 0, 4))
+    with pytest.raises(ValueError, match="4-byte aligned"):
+        as_words(16, (2, 5, 1, 8), (6, 32, 999, 2))

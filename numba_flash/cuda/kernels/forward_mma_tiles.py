@@ -15,10 +15,10 @@ import math
 
 import numpy as np
 
-from ..primitives import (cp_async4_to, cp_async16, cp_async16_to, cp_async_commit, exp2,
-                          lds_i32x2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shared_addr,
-                          shfl_idx, shfl_xor, sw128_desc, wgmma_commit, wgmma_fence, wgmma_rs, wgmma_ss,
-                          wgmma_wait)
+from ..primitives import (cp_async4_to, cp_async16, cp_async16_at_address, cp_async16_to,
+                          cp_async_commit, exp2, lds_i32x2, ldmatrix_x4, ldmatrix_x4_trans, mma16,
+                          pack16, shared_addr, shfl_idx, shfl_xor, sw128_desc, wgmma_commit,
+                          wgmma_fence, wgmma_rs, wgmma_ss, wgmma_wait)
 from .masking import BITMASK, INTERVALS, LN2, LOG2E, MASK_MOD
 from ..primitives.base import inlined
 
@@ -121,6 +121,29 @@ def init_rows(acc, m_run, l_run, m_tiles, of):
 
 
 @inlined
+def swizzled_chunk(dst_addr, sg, tpl, blk, row):
+    """Shared address of this thread's chunk of segment ``sg`` (``tpl`` chunks each) in row
+    ``row`` of a 128-byte-swizzled tile (128 bytes per row, ``blk`` bytes per 64-column block),
+    ``dst_addr`` the thread's place in segment 0 of row 0. The segment's first chunk sg * tpl
+    lies in block sg * tpl // 8 at chunk sg * tpl % 8 (4 with 4-chunk segments: this thread's
+    chunk cp_part + 4 < 8, whose swizzled place is dst_addr's with bit 2 of the chunk index
+    flipped)."""
+    return (dst_addr ^ ((sg * tpl % 8) << 4)) + (sg * tpl // 8) * blk + row * 128
+
+
+@inlined
+def copy_whole_rows(dst_addr, src_addr, pass_bytes, passes, nseg, tpl, rpp, blk):
+    """``copy_rows``' copy with ``wg`` (same threads, chunks and swizzled places) of a tile
+    whose rows are all in bounds, from this thread's first chunk's global address ``src_addr``
+    (int64) stepping ``pass_bytes`` per pass: no bounds, no per-copy indexing."""
+    for ps in range(passes):
+        row_addr = src_addr + ps * pass_bytes
+        for sg in range(nseg):
+            cp_async16_at_address(swizzled_chunk(dst_addr, sg, tpl, blk, ps * rpp),
+                                  row_addr + sg * tpl * 16)
+
+
+@inlined
 def copy_rows(dst, dst_addr, src, ab, off, row0, limit, hk, cp_row, cp_part, cp_swz, passes,
               nseg, tpl, rpp, blk, wg):
     """This thread's share of the block's cp.async copy of tile rows ``row0 ..`` of
@@ -138,11 +161,8 @@ def copy_rows(dst, dst_addr, src, ab, off, row0, limit, hk, cp_row, cp_part, cp_
         for sg in range(nseg):
             c = (sg * tpl + cp_part) * 4
             if wg:
-                # The segment's first chunk sg * tpl: block sg * tpl // 8, chunk sg * tpl % 8
-                # in it (4 with 4-chunk segments: this thread's chunk cp_part + 4 < 8, whose
-                # swizzled place is dst_addr's with bit 2 of the chunk index flipped).
-                seg = (dst_addr ^ ((sg * tpl % 8) << 4)) + (sg * tpl // 8) * blk
-                cp_async16_to(seg + ps * rpp * 128, src, ab, src_row, hk, c, 16 if ok else 0)
+                cp_async16_to(swizzled_chunk(dst_addr, sg, tpl, blk, ps * rpp), src, ab, src_row,
+                              hk, c, 16 if ok else 0)
             else:
                 cp_async16(dst, cp_row + ps * rpp, c ^ cp_swz, src, ab, src_row, hk, c,
                            16 if ok else 0)

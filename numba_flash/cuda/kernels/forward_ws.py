@@ -23,14 +23,14 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (cp_async16_at_address, cp_async_commit, cp_async_wait_1,
-                          cp_async_wait_all, fence_mbar_init, global_address,
-                          fence_proxy_async, mbar_arrive, mbar_init, mbar_try_wait, named_arrive,
-                          named_sync, regs_dec_72, regs_inc_216, shfl_idx, wgmma_wait)
+from ..primitives import (cp_async_commit, cp_async_wait_1, cp_async_wait_all, fence_mbar_init,
+                          fence_proxy_async, global_address, mbar_arrive, mbar_init,
+                          mbar_try_wait, named_arrive, named_sync, regs_dec_72, regs_inc_216,
+                          shfl_idx, wgmma_wait)
 from .forward_geometry import wgmma_row_bytes
-from .forward_mma_tiles import (copy_coords, copy_rows, exp_and_pack, init_rows, mask_tile,
-                                pv_wgmma_start, qk_wgmma_start, rescale_acc, store_output,
-                                update_row_max, wgmma_tiles)
+from .forward_mma_tiles import (copy_coords, copy_rows, copy_whole_rows, exp_and_pack,
+                                init_rows, mask_tile, pv_wgmma_start, qk_wgmma_start, rescale_acc,
+                                store_output, update_row_max, wgmma_tiles)
 from .jitcache import jit_kernel
 from ..primitives.base import inlined
 from .masking import NONE, flags_see_whole_tile, key_tiles, mask_mod_device
@@ -71,18 +71,6 @@ def _wait(addr, parity):
     """Spin until the phase of parity ``parity`` of the mbarrier at ``addr`` has completed."""
     while not mbar_try_wait(addr, parity):
         pass
-
-
-@inlined
-def _copy_whole_rows(dst_addr, src_addr, pass_bytes, passes, nseg, tpl, rpp, blk):
-    """``copy_rows``'s copy (same threads, chunks and swizzled places) of a tile whose rows
-    are all in bounds, from this thread's first chunk's global address ``src_addr`` (int64)
-    stepping ``pass_bytes`` per pass: no bounds, no per-copy indexing."""
-    for ps in range(passes):
-        row_addr = src_addr + ps * pass_bytes
-        for sg in range(nseg):
-            seg = (dst_addr ^ ((sg * tpl % 8) << 4)) + (sg * tpl // 8) * blk
-            cp_async16_at_address(seg + ps * rpp * 128, row_addr + sg * tpl * 16)
 
 
 def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
@@ -173,9 +161,9 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
                 # registers (the addresses spill there: ptxas 13.0).
                 if not REALLOC and tile * BN + BN <= seqlen_k:
                     row = tile * BN + cp_row        # this thread's first chunk's row
-                    _copy_whole_rows(kdst, global_address(k, b, row, hk, cp_part * 4),
+                    copy_whole_rows(kdst, global_address(k, b, row, hk, cp_part * 4),
                                      k.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
-                    _copy_whole_rows(kdst + V_IN, global_address(v, b, row, hk, cp_part * 4),
+                    copy_whole_rows(kdst + V_IN, global_address(v, b, row, hk, cp_part * 4),
                                      v.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
                 else:
                     copy_rows(dyn, kdst, k, b, 0, tile * BN, seqlen_k, hk, cp_row, cp_part,

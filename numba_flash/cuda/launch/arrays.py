@@ -17,7 +17,7 @@ from .driver import ArrayParam
 __all__ = ["HALF_NAMES", "FULL_NAMES", "SUPPORTED_HEAD_DIMS", "padded_head_dim", "pad_head_dim",
            "array_library", "array_kind", "dtype_name",
            "interface", "gpu_inputs", "check_rows_aligned", "kernel_array", "flat_kernel_array",
-           "as_words", "empty_like_kind",
+           "as_words", "outer_strides", "empty_like_kind",
            "BFloat16Array", "caller_param", "fixed_param"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -205,7 +205,7 @@ def check_rows_aligned(reader: str, **arrays):
     never moves an address (libraries report any value there). GPU arrays only."""
     for name, x in arrays.items():
         ptr, shape, strides, _, _ = interface(x, array_kind(x))
-        if ptr % 16 or any(st % 16 for n, st in zip(shape[:-1], strides[:-1]) if n > 1):
+        if ptr % 16 or any(st % 16 for st in outer_strides(shape, strides)):
             raise ValueError(
                 f"{name} must be 16-byte aligned (its pointer and the strides of the axes before "
                 f"head_dim) for {reader}, got a pointer {ptr % 16} bytes past a 16-byte boundary "
@@ -213,11 +213,16 @@ def check_rows_aligned(reader: str, **arrays):
                 f"x.clone())")
 
 
+def outer_strides(shape, strides) -> tuple:
+    """The byte strides of the axes before head_dim, 0 on axes of length 1: whatever stride
+    their library reported there never moves an address."""
+    return tuple(0 if n == 1 else st for n, st in zip(shape[:-1], strides[:-1]))
+
+
 def as_words(ptr, shape, strides):
-    """Shape and byte strides of the uint32 view (pairs along head_dim) of a 16-bit array
-    (length-1 axes get stride 0: whatever stride their library reported never moves an
-    address)."""
-    outer = tuple(0 if n == 1 else st for n, st in zip(shape[:3], strides[:3]))
+    """Shape and byte strides of the uint32 view (pairs along head_dim) of a 16-bit (B, S, H,
+    D) array (``outer_strides``: length-1 axes get stride 0)."""
+    outer = outer_strides(shape, strides)
     if ptr % 4 or any(st % 4 for st in outer):
         raise ValueError("16-bit inputs must be 4-byte aligned (pointer and strides) so that "
                          "pairs along head_dim form 32-bit words; make a contiguous copy")
