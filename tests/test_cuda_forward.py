@@ -523,6 +523,32 @@ def test_misaligned_inputs_raise_and_leave_the_context_usable(dtype):
     assert np.abs(got - want).max() < (2e-3 if dtype == np.float16 else 1e-5)
 
 
+@gpu
+def test_length_one_axes_may_carry_any_stride():
+    """torch reports arbitrary strides on length-1 axes of some views; they never move an
+    address, so q, k, v, dout and out views whose batch and head axes (length 1) carry strides
+    that are not multiples of 16 (or even 4) bytes are accepted, on the first call and the fast
+    path's repeated one, by the forward and the (deterministic) backward, with the contiguous
+    arrays' answer bit for bit."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    base = [torch.randn(1, 77, 1, 64, device="cuda", dtype=torch.float16, generator=gen)
+            for _ in range(4)]
+    odd = [x.as_strided(x.shape, (999, 64, 7, 1)) for x in base]
+    want = numba_flash.attention(*base[:3], causal=True)
+    for _ in range(2):
+        got = numba_flash.attention(*odd[:3], causal=True)
+        assert torch.equal(got, want)
+    out, lse = numba_flash.attention(*base[:3], causal=True, return_lse=True)
+    odd_out = out.as_strided(out.shape, (999, 64, 7, 1))
+    grads = numba_flash.attention_backward(odd[3], *odd[:3], odd_out, lse, causal=True,
+                                           deterministic=True)
+    plain = numba_flash.attention_backward(base[3], *base[:3], out, lse, causal=True,
+                                           deterministic=True)
+    for g, p in zip(grads, plain):
+        assert torch.equal(g, p)
+
+
 def test_warp_specialised_kernel_compiles_offline():
     """The warp-specialised wgmma kernel (kernels/forward_ws.py) at head_dim 96 / 128 / 256,
     plain and causal, float16 and bfloat16, compiled with its launch bound (384 threads): one
