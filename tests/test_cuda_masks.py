@@ -51,7 +51,7 @@ def _check_bitmask(dense, block_m, block_n):
     np.testing.assert_array_equal(got, rtiles.classify_tiles_dense(dense, block_m, block_n))
 
 
-@settings(max_examples=12 if SIMULATOR else 40, deadline=None)
+@settings(max_examples=6 if SIMULATOR else 40, deadline=None)
 @given(sq=st.integers(1, 40), sk=st.integers(1, 40), seed=st.integers(0, 999),
        block_m=st.integers(1, 9), block_n=st.integers(1, 9))
 def test_interval_tables_equal_reference_for_every_mask(sq, sk, seed, block_m, block_n):
