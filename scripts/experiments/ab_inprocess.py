@@ -5,14 +5,16 @@ and any further variants copied to ab/ under other names (``--trees``):
     rm -rf ab && mkdir ab && git archive BASE numba_flash | tar -x -C ab && mv ab/numba_flash ab/nf_base
     python scripts/experiments/ab_inprocess.py --cases f128f,f128c@1024,b64c --rounds 8
 
-The package's own imports are relative, so the copy runs its own kernels (kernel images are
-keyed by module name). Alternating processes (forward_ab.py, backward_ab.py) leave the spread
+api.py and backward.py load their CUDA runtime by absolute module name
+(``numba_flash.cuda.launch...``), so each copy's loaders are pointed at its own runtime here
+(``_own_runtime``, checked: a copy that ran the working tree's kernels compared identical code,
+which the first version of this tool did); kernel images are keyed by module name. Alternating processes (forward_ab.py, backward_ab.py) leave the spread
 between processes on the lent GPUs (5-25 %) in every comparison; here both trees share the
 process, its clocks and its memory, and each round times base and new back to back (the order
 rotated every round). Case ``<f|b><head_dim><f|c>[@N]``: forward, or backward alone, fp16
-(4, 16, N, D) (N 4096 unless given; B 2 at head_dim 256), full or causal. Prints per case and
+(4, N, 16, D) (N 4096 unless given; B 2 at head_dim 256), full or causal. Prints per case and
 tree the median over rounds of tree / base (the medians of ``--reps`` calls between CUDA
-events, bench_masks.timed: run with PYTHONPATH=scripts) and its range.
+events, bench_masks.timed) and its range.
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.getcwd(), "ab"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_masks import timed  # noqa: E402  (scripts/ on PYTHONPATH)
+from bench_masks import timed  # noqa: E402
 
 
 def _case(spec, pkg, torch):
@@ -43,6 +46,18 @@ def _case(spec, pkg, torch):
     return lambda: pkg.attention_backward(dout, q, k, v, out, lse, causal=causal)
 
 
+def _own_runtime(name, pkg, importlib):
+    """Point the copy ``name``'s attention and backward loaders at its own launch modules, and
+    check that they resolve there."""
+    attention = importlib.import_module(f"{name}.cuda.launch.attention")
+    backward = importlib.import_module(f"{name}.cuda.launch.backward")
+    pkg.api._ATTENTION_RUNTIME = attention.__name__
+    pkg.backward._load_backward_cuda = lambda fn=backward.backward_cuda: fn
+    entry = pkg.api._load_attention_cuda()
+    assert sys.modules[entry.__module__].__file__ == attention.__file__, entry.__module__
+    assert os.sep + name + os.sep in attention.__file__, attention.__file__
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="f128f,f128c")
@@ -58,6 +73,9 @@ def main():
     import numba_flash
 
     pkgs = {name: importlib.import_module(name) for name in args.trees.split(",")}
+    for name, pkg in pkgs.items():
+        _own_runtime(name, pkg, importlib)
+    assert "new" not in pkgs, "the working tree is 'new'"
     pkgs["new"] = numba_flash
     base = args.trees.split(",")[0]
     results = {}
@@ -85,6 +103,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), rounds=args.rounds,
                            reps=args.reps, cases=results), f, indent=1)
+
 
 if __name__ == "__main__":
     main()

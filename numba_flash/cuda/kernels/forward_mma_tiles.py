@@ -122,9 +122,10 @@ def init_rows(acc, m_run, l_run, m_tiles, of):
 
 @inlined
 def swizzled_chunk(dst_addr, sg, tpl, blk, row):
-    """Shared address of this thread's chunk of segment ``sg`` (``tpl`` chunks each) in row
-    ``row`` of a 128-byte-swizzled tile (128 bytes per row, ``blk`` bytes per 64-column block),
-    ``dst_addr`` the thread's place in segment 0 of row 0. The segment's first chunk sg * tpl
+    """Shared address of this thread's chunk of segment ``sg`` (``tpl`` chunks each), ``row``
+    rows (a multiple of 8) below its first row, in a 128-byte-swizzled tile (128 bytes per row,
+    ``blk`` bytes per 64-column block); ``dst_addr``: the thread's place in segment 0 of its
+    first row. The segment's first chunk sg * tpl
     lies in block sg * tpl // 8 at chunk sg * tpl % 8 (4 with 4-chunk segments: this thread's
     chunk cp_part + 4 < 8, whose swizzled place is dst_addr's with bit 2 of the chunk index
     flipped)."""

@@ -145,7 +145,7 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
                 regs_dec_72()
             if first > last:
                 return
-            i = U0           # 32-bit stage arithmetic (a 64-bit i % 3 is a long sequence)
+            i = U0           # unsigned stage arithmetic (Numba widens it to uint64)
             for tile in range(first, last + 1):
                 st = i % U_STAGES
                 if not AHEAD and i > 0:     # the previous tile landed: stage full
@@ -162,9 +162,9 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
                 if not REALLOC and tile * BN + BN <= seqlen_k:
                     row = tile * BN + cp_row        # this thread's first chunk's row
                     copy_whole_rows(kdst, global_address(k, b, row, hk, cp_part * 4),
-                                     k.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
+                                    k.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
                     copy_whole_rows(kdst + V_IN, global_address(v, b, row, hk, cp_part * 4),
-                                     v.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
+                                    v.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
                 else:
                     copy_rows(dyn, kdst, k, b, 0, tile * BN, seqlen_k, hk, cp_row, cp_part,
                               cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, True)

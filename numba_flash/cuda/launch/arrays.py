@@ -201,7 +201,7 @@ def _device_view(x, ptr, shape, strides, words):
 def check_rows_aligned(reader: str, **arrays):
     """Raise ValueError unless each array's pointer and the strides of every axis but head_dim
     are multiples of 16 bytes: ``reader`` (the kernels, named in the message) copies rows in
-    16-byte pieces (cp.async, vector loads, TMA). Axes of length 1 are exempt: their stride
+    16-byte pieces (cp.async, vector loads, TMA). Axes of length 0 or 1 are exempt: their stride
     never moves an address (libraries report any value there). GPU arrays only."""
     for name, x in arrays.items():
         ptr, shape, strides, _, _ = interface(x, array_kind(x))
@@ -214,9 +214,9 @@ def check_rows_aligned(reader: str, **arrays):
 
 
 def outer_strides(shape, strides) -> tuple:
-    """The byte strides of the axes before head_dim, 0 on axes of length 1: whatever stride
-    their library reported there never moves an address."""
-    return tuple(0 if n == 1 else st for n, st in zip(shape[:-1], strides[:-1]))
+    """The byte strides of the axes before head_dim, 0 on axes of length 0 or 1: whatever
+    stride their library reported there never moves an address."""
+    return tuple(0 if n <= 1 else st for n, st in zip(shape[:-1], strides[:-1]))
 
 
 def as_words(ptr, shape, strides):
@@ -226,7 +226,7 @@ def as_words(ptr, shape, strides):
     if ptr % 4 or any(st % 4 for st in outer):
         raise ValueError("16-bit inputs must be 4-byte aligned (pointer and strides) so that "
                          "pairs along head_dim form 32-bit words; make a contiguous copy")
-    return tuple(shape[:3]) + (shape[3] // 2,), outer + (4,)
+    return tuple(shape[:-1]) + (shape[-1] // 2,), outer + (4,)
 
 
 def empty_like_kind(kind: str, like, shape, name: str, zero: bool = False, fill=None):
