@@ -19,7 +19,7 @@ def load_cuda_module(module_name: str, missing: str):
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name in ("numba_flash.cuda", "numba_flash.cuda.launch", module_name):
+        if exc.name in (f"{__package__}.cuda", f"{__package__}.cuda.launch", module_name):
             raise NotImplementedError(missing) from exc
         raise
 
@@ -36,7 +36,7 @@ def load_cuda_entry(module_name: str, entry_name: str, missing: str):
 # The runtime's repeated-call path (numba_flash.cuda.launch.attention.attention_fast), set when
 # the CUDA runtime is first loaded: until then no GPU call has been made and none can repeat.
 _FAST = [None]
-_ATTENTION_RUNTIME = "numba_flash.cuda.launch.attention"
+_ATTENTION_RUNTIME = f"{__package__}.cuda.launch.attention"     # this package's own runtime
 
 
 def _load_attention_cuda():

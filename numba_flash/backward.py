@@ -24,10 +24,11 @@ _LSE_DTYPES = ("float32", "float64")
 
 
 def _load_backward_cuda():
-    """The CUDA entry point ``numba_flash.cuda.launch.backward.backward_cuda(dout, q, k, v, out, lse, *,
-    problem, deterministic, stream) -> (dq, dk, dv)``, imported on first use; NotImplementedError
-    while it is missing."""
-    return load_cuda_entry("numba_flash.cuda.launch.backward", "backward_cuda", _CUDA_BACKWARD_MISSING)
+    """The CUDA entry point ``<this package>.cuda.launch.backward.backward_cuda(dout, q, k, v,
+    out, lse, *, problem, deterministic, stream) -> (dq, dk, dv)``, imported on first use;
+    NotImplementedError while it is missing."""
+    return load_cuda_entry(f"{__package__}.cuda.launch.backward", "backward_cuda",
+                           _CUDA_BACKWARD_MISSING)
 
 
 def _check_saved(problem, infos: dict) -> None:

@@ -2,13 +2,15 @@
 working tree, "new") against another commit's package imported under the name ``nf_base``,
 and any further variants copied to ab/ under other names (``--trees``):
 
-    rm -rf ab && mkdir ab && git archive BASE numba_flash | tar -x -C ab && mv ab/numba_flash ab/nf_base
+    rm -rf ab && mkdir ab && git archive BASE numba_flash | tar -x -C ab
+    mv ab/numba_flash ab/nf_base
     python scripts/experiments/ab_inprocess.py --cases f128f,f128c@1024,b64c --rounds 8
 
-api.py and backward.py load their CUDA runtime by absolute module name
-(``numba_flash.cuda.launch...``), so each copy's loaders are pointed at its own runtime here
-(``_own_runtime``, checked: a copy that ran the working tree's kernels compared identical code,
-which the first version of this tool did); kernel images are keyed by module name. Alternating processes (forward_ab.py, backward_ab.py) leave the spread
+api.py and backward.py load the CUDA runtime of their own package (``__package__``; before
+2026-11-28 11:35 UTC by the absolute name ``numba_flash.cuda...``, so a copy of an older commit
+ran the working tree's kernels: ``_own_runtime`` points such a copy at its own runtime and
+checks it); kernel images are keyed by module name. Alternating processes (forward_ab.py,
+backward_ab.py) leave the spread
 between processes on the lent GPUs (5-25 %) in every comparison; here both trees share the
 process, its clocks and its memory, and each round times base and new back to back (the order
 rotated every round). Case ``<f|b><head_dim><f|c>[@N]``: forward, or backward alone, fp16
@@ -19,6 +21,7 @@ events, bench_masks.timed) and its range.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -34,6 +37,8 @@ def _case(spec, pkg, torch):
     """The call of case ``spec`` on package ``pkg``."""
     spec, _, n = spec.partition("@")
     kind, d, causal = spec[0], int(spec[1:-1]), spec[-1] == "c"
+    if kind not in "fb" or spec[-1] not in "fc":
+        raise ValueError(f"case must be <f|b><head_dim><f|c>[@N], got {spec!r}")
     b = 2 if d == 256 else 4
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, int(n or 4096), 16, d, device="cuda", dtype=torch.float16,
@@ -46,7 +51,7 @@ def _case(spec, pkg, torch):
     return lambda: pkg.attention_backward(dout, q, k, v, out, lse, causal=causal)
 
 
-def _own_runtime(name, pkg, importlib):
+def _own_runtime(name, pkg):
     """Point the copy ``name``'s attention and backward loaders at its own launch modules, and
     check that they resolve there."""
     attention = importlib.import_module(f"{name}.cuda.launch.attention")
@@ -66,15 +71,13 @@ def main():
     ap.add_argument("--trees", default="nf_base", help="packages in ab/; the first is the base")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    import importlib
-
     import torch
 
     import numba_flash
 
     pkgs = {name: importlib.import_module(name) for name in args.trees.split(",")}
     for name, pkg in pkgs.items():
-        _own_runtime(name, pkg, importlib)
+        _own_runtime(name, pkg)
     assert "new" not in pkgs, "the working tree is 'new'"
     pkgs["new"] = numba_flash
     base = args.trees.split(",")[0]

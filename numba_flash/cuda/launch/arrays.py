@@ -221,7 +221,7 @@ def outer_strides(shape, strides) -> tuple:
 
 def as_words(ptr, shape, strides):
     """Shape and byte strides of the uint32 view (pairs along head_dim) of a 16-bit (B, S, H,
-    D) array (``outer_strides``: length-1 axes get stride 0)."""
+    D) array (``outer_strides``: axes of length 0 or 1 get stride 0)."""
     outer = outer_strides(shape, strides)
     if ptr % 4 or any(st % 4 for st in outer):
         raise ValueError("16-bit inputs must be 4-byte aligned (pointer and strides) so that "

@@ -124,8 +124,9 @@ class FastCall:
                                                               lse_shape)
 
     def run(self, arrays, extras, guards, stream):
-        """Launch on ``arrays`` (the inputs: q, k, v; merge_states' o, lse) and ``extras`` (the caller's other device arrays, in
-        plan order); None when this call cannot take the fast path after all."""
+        """Launch on ``arrays`` (the inputs: q, k, v; merge_states' o, lse) and ``extras`` (the
+        caller's other device arrays, in plan order); None when this call cannot take the fast
+        path after all."""
         for given, recorded in zip(guards, self.guards):
             if given is not recorded:
                 return None
