@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numba_flash.cuda.primitives import SIMULATOR, mma_f64, mma_tf32, split_tf32
+from numba_flash.cuda.primitives import (SIMULATOR, mma_f64, mma_f64_k16, mma_f64_k16_884,
+                                         mma_tf32, split_tf32)
 from numba_flash.cuda.primitives.mma_exact import tensor_core_rounding
 from offline_sass import run_offline
 from gpu_arrays import to_device, to_host
@@ -22,6 +23,25 @@ def _dmma(a, b, c, d):
     d0, d1 = mma_f64(a[g, t], b[t, g], c[g, 2 * t], c[g, 2 * t + 1])
     d[g, 2 * t] = d0
     d[g, 2 * t + 1] = d1
+
+
+@cuda.jit
+def _dmma_k16(a, b, c, d, native):
+    lane = cuda.threadIdx.x
+    g, t = lane >> 2, lane & 3
+    af = cuda.local.array(8, np.float64)
+    bf = cuda.local.array(4, np.float64)
+    for j in range(4):
+        af[2 * j], af[2 * j + 1] = a[g, t + 4 * j], a[g + 8, t + 4 * j]
+        bf[j] = b[t + 4 * j, g]
+    acc = (c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
+    if native:
+        acc = mma_f64_k16(af[0], af[1], af[2], af[3], af[4], af[5], af[6], af[7],
+                          bf[0], bf[1], bf[2], bf[3], *acc)
+    else:
+        acc = mma_f64_k16_884(af[0], af[1], af[2], af[3], af[4], af[5], af[6], af[7],
+                              bf[0], bf[1], bf[2], bf[3], *acc)
+    d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1] = acc
 
 
 @cuda.jit
@@ -47,6 +67,19 @@ def test_dmma_matches_numpy():
     a, b, c = rng.standard_normal((8, 4)), rng.standard_normal((4, 8)), rng.standard_normal((8, 8))
     d = to_device(np.full((8, 8), np.nan))
     _dmma[1, 32](to_device(a), to_device(b), to_device(c), d)
+    np.testing.assert_allclose(to_host(d), a @ b + c, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_dmma_k16_matches_numpy(native):
+    """The m16n8k16 float64 product (sm_90's DMMA.16x8x16) and its eight-m8n8k4 form agree with
+    NumPy under the documented fragment layout."""
+    if native and not SIMULATOR and cuda.get_current_device().compute_capability < (9, 0):
+        pytest.skip("mma.sync m16n8k16 float64 needs sm_90")
+    rng = np.random.default_rng(2)
+    a, b, c = (rng.standard_normal(s) for s in ((16, 16), (16, 8), (16, 8)))
+    d = to_device(np.full((16, 8), np.nan))
+    _dmma_k16[1, 32](to_device(a), to_device(b), to_device(c), d, native)
     np.testing.assert_allclose(to_host(d), a @ b + c, rtol=1e-14, atol=1e-14)
 
 

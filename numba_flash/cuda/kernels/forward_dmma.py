@@ -1,64 +1,186 @@
-"""Tiled FlashAttention-2 forward in float64 on the DMMA tensor cores (``mma.sync.m8n8k4`` f64,
-primitives/mma_exact.py): the same products as the CUDA-core kernel (every multiply-add in IEEE
-float64), at tensor-core rate. Flags only (causal, window, sinks, softcap) and GQA; mask
-objects, packed batches, ALiBi and score_mod stay on the CUDA-core kernel.
+"""Tiled FlashAttention-2 forward in float64 on the DMMA tensor cores: the same products as the
+CUDA-core kernel (every multiply-add in IEEE float64), at tensor-core rate. Flags only (causal,
+window, sinks, softcap) and GQA; mask objects, packed batches, ALiBi and score_mod stay on the
+CUDA-core kernel.
 
-A block of 4 warps owns 32 query rows, a warp 8 (one m-tile). Q's A fragments (``a0 = Q[g, kk*4
-+ t]``) sit in registers for the whole key loop; K and V tiles of ``BN`` keys go to shared memory
-by cp.async (rows padded by 4 doubles so a fragment load touches distinct banks). Per tile:
-S = Q K^T on DMMA (B fragment ``K[n*8 + g, kk*4 + t]``), the online softmax on the accumulator
-fragment (lane (g, t) holds S[g, 2t], S[g, 2t + 1] of each 8-key n-tile; the row's 4 lanes
-combine by shuffles), P staged through the warp's own shared buffer into A fragments
-(``P[g, kk*4 + t]``), then O += P V on DMMA (B fragment ``V[kk*4 + t, n*8 + g]``).
+Products: ``mma.sync.m16n8k16`` float64 (primitives/mma_exact.py ``mma_f64_k16``: one
+DMMA.16x8x16 on sm_90, whose float64 tensor cores run at twice an A100's rate per clock only
+through the shapes sm_90 added), or the same product as eight m8n8k4 DMMAs before sm_90
+(``native=False``).
+
+A warp owns 16 query rows (one m-tile), a block ``geo.warps`` warps (``dmma_geometry``). Q's A fragments
+(``a[2j + h] = Q[g + 8h, kk*16 + t + 4j]``) sit in registers up to head_dim 32 and in shared
+memory beyond (``dmma_geometry``); K and V tiles of ``BN`` keys go to dynamic shared memory by
+cp.async. Per tile: S = Q K^T (B fragment ``K[n*8 + g, kk*16 + t + 4j]``), the online softmax on
+the accumulator fragment (lane (g, t): rows g and g + 8, keys 2t, 2t + 1 of each 8-key n-tile;
+a row's 4 lanes combine by shuffles), then O = alpha O + P V straight from the registers: the
+A fragment of a 16-key k-step wants keys t + 4j of a lane's rows, the accumulator holds keys
+2t, 2t + 1, 2t + 8, 2t + 9, so P V runs over the keys in the order ``pi(t + 4j) = 2t, 2t + 1,
+2t + 8, 2t + 9`` and V's B fragment reads rows ``pi(t + 4j)`` (a sum over keys does not care
+about their order; no shared staging of P).
+
+Shared rows are padded so that the fragment loads of a half-warp (8-byte words: 16 lanes per
+pass) touch distinct banks: K and Q by 4 doubles (rows g, columns t: word 2(g (D + 4) + t) =
+8g + 2t mod 32), V by 2 (rows 2t, columns g: 2(2t (D + 2) + g) = 8t + 2g mod 32).
 
 Kernel signature: the CUDA-core kernel's (forward_fma.make_fma_kernel), so one launch plan
-shape serves both; the mask / varlen / ALiBi arguments are never read. Grid (ceil(Sq / 32),
-B * Hq), 128 threads.
+shape serves both; the mask / varlen / ALiBi arguments are never read. Grid (ceil(Sq / BM),
+B * Hq), 32 threads per warp, ``dmma_smem_bytes`` bytes of dynamic shared memory.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import SIMULATOR, mma_f64, shfl_xor, syncwarp
+from ..primitives import (cp_async_wait_all, mma_f64_k16, mma_f64_k16_884, shared_view,
+                          shfl_xor)
+from ..primitives.base import inlined
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
 from .schedule import group_keys, query_tile_of_block
-from .tile_ops import load_kv_tile, masked_score
+from .tile_ops import copy_kv_tile, load_kv_tile, masked_score, store_q_rows
 
-__all__ = ["make_dmma_kernel", "dmma_supported", "DMMA_BLOCK_M", "DMMA_THREADS", "DMMA_BLOCK_N"]
+__all__ = ["make_dmma_kernel", "dmma_supported", "dmma_geometry", "dmma_smem_bytes",
+           "DmmaGeometry"]
 
-DMMA_BLOCK_M = 32
-DMMA_THREADS = 128
-DMMA_BLOCK_N = 16
-_PAD = 4                         # doubles of padding per shared row
+DMMA_WARPS = 4
+_PAD_K, _PAD_V = 4, 2               # doubles of padding per shared row (module docstring)
+NEG_INF = -math.inf
+
+
+class DmmaGeometry(NamedTuple):
+    """A DMMA kernel's tiling: keys per tile, whether Q sits in shared memory, warps per block
+    (16 query rows each), K / V stages (2: the next tile's copy runs during this one's
+    products)."""
+    block_n: int
+    q_smem: bool
+    warps: int = DMMA_WARPS
+    stages: int = 1
 
 
 def dmma_supported(head_dim: int) -> bool:
-    """Head dims of the DMMA kernel: Q fragments and the output accumulator of one lane
-    (head_dim / 4 + head_dim / 4 doubles) fit the registers up to 128."""
+    """Head dims of the DMMA kernel: a lane's output accumulator (head_dim / 2 doubles) fits
+    the registers up to 128."""
     return head_dim in (32, 64, 96, 128)
 
 
+def dmma_geometry(head_dim: int) -> DmmaGeometry:
+    """The tiling at ``head_dim``, from the H200 sweep of 2026-11-28
+    (scripts/experiments/dmma_geometry_probe.py, docs/perf-notes.md): 32-key tiles in two
+    stages up to 64 (Q's fragments in registers only at 32: at 64 they spill), 16-key tiles
+    beyond; 8 warps at 128, where 4 warps' ptxas allocation spilled (the same two blocks' worth
+    of warps per multiprocessor, by registers)."""
+    if head_dim <= 64:
+        return DmmaGeometry(32, head_dim > 32, 4, 2)
+    return DmmaGeometry(16, True, 8 if head_dim == 128 else 4, 1)
+
+
+def dmma_smem_bytes(head_dim: int, geo: DmmaGeometry | None = None) -> int:
+    """Dynamic shared memory of the DMMA kernel at ``head_dim``: Q (when it sits there), then
+    each stage's K and V tiles."""
+    geo = geo or dmma_geometry(head_dim)
+    dk, dv = head_dim + _PAD_K, head_dim + _PAD_V
+    q_words = 16 * geo.warps * dk if geo.q_smem else 0
+    return 8 * (q_words + geo.stages * geo.block_n * (dk + dv))
+
+
+@inlined
+def dmma(native, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, c0, c1, c2, c3):
+    """One m16n8k16 float64 product: the sm_90 instruction (``native``) or eight m8n8k4."""
+    if native:
+        return mma_f64_k16(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, c0, c1, c2, c3)
+    return mma_f64_k16_884(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, c0, c1, c2, c3)
+
+
+@inlined
+def q_fragment(qf, qs, q_smem, kk, r, t):
+    """A fragment of Q for k-step ``kk`` (the warp's rows ``r``, ``r + 8`` of ``qs``, or the
+    registers ``qf``), as 8 doubles."""
+    if q_smem:
+        c = kk * 16 + t
+        return (qs[r, c], qs[r + 8, c], qs[r, c + 4], qs[r + 8, c + 4],
+                qs[r, c + 8], qs[r + 8, c + 8], qs[r, c + 12], qs[r + 8, c + 12])
+    i = 8 * kk
+    return qf[i], qf[i + 1], qf[i + 2], qf[i + 3], qf[i + 4], qf[i + 5], qf[i + 6], qf[i + 7]
+
+
+@inlined
+def scores(s, qf, qs, ks, q_smem, native, r, g, t, k_steps, n_tiles):
+    """S = Q K^T for the tile in shared ``ks``: ``s[4n .. 4n + 3]`` the accumulator of 8-key
+    n-tile ``n``."""
+    for e in range(4 * n_tiles):
+        s[e] = 0.0
+    for kk in range(k_steps):
+        a0, a1, a2, a3, a4, a5, a6, a7 = q_fragment(qf, qs, q_smem, kk, r, t)
+        c = kk * 16 + t
+        for n in range(n_tiles):
+            key = n * 8 + g
+            s[4 * n], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3] = dmma(
+                native, a0, a1, a2, a3, a4, a5, a6, a7, ks[key, c], ks[key, c + 4],
+                ks[key, c + 8], ks[key, c + 12], s[4 * n], s[4 * n + 1], s[4 * n + 2],
+                s[4 * n + 3])
+
+
+@inlined
+def add_pv(o, s, vs, native, g, t, k_steps, n_tiles):
+    """O += P V with P in the score accumulator ``s`` (keys in the order pi of the module
+    docstring); ``o[4n .. 4n + 3]`` the accumulator of head-dim n-tile ``n``."""
+    for kp in range(k_steps):
+        i, j = 8 * kp, 8 * kp + 4       # the 8-key n-tiles 2 kp, 2 kp + 1 of S
+        key = kp * 16 + 2 * t
+        for n in range(n_tiles):
+            col = n * 8 + g
+            o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3] = dmma(
+                native, s[i], s[i + 2], s[i + 1], s[i + 3], s[j], s[j + 2], s[j + 1], s[j + 3],
+                vs[key, col], vs[key + 1, col], vs[key + 8, col], vs[key + 9, col],
+                o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3])
+
+
+@inlined
+def row_max(x):
+    """Max over the 4 lanes of a row (lanes 4g .. 4g + 3)."""
+    x = max(x, shfl_xor(x, 1))
+    return max(x, shfl_xor(x, 2))
+
+
+@inlined
+def row_sum(x):
+    """Sum over the 4 lanes of a row."""
+    x += shfl_xor(x, 1)
+    return x + shfl_xor(x, 2)
+
+
 def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
-                     has_softcap: bool, write_lse: bool):
+                     has_softcap: bool, write_lse: bool, native: bool = True,
+                     geo: DmmaGeometry | None = None):
     """Build the float64 DMMA forward kernel for one configuration (module docstring): q, k, v,
-    out float64 (B, S, H, D) any strides; lse (B, Hq, Sq) float64 when ``write_lse``."""
+    out float64 (B, S, H, D) any strides (rows 16-byte aligned); lse (B, Hq, Sq) float64 when
+    ``write_lse``. ``native``: sm_90's m16n8k16 instruction (else eight m8n8k4 per product);
+    ``geo``: the tiling (default ``dmma_geometry(head_dim)``), launched with ``16 geo.warps``
+    query rows and ``32 geo.warps`` threads per block, ``dmma_smem_bytes`` of shared memory."""
     D = int(head_dim)
     if not dmma_supported(D):
         raise ValueError(f"head_dim must be one of 32, 64, 96, 128 for the DMMA kernel, got {D}")
-    KS, ND = D // 4, D // 8              # k-steps of Q K^T; n-tiles of the output
-    BN, BM, NT = DMMA_BLOCK_N, DMMA_BLOCK_M, DMMA_THREADS
-    NS, KP = BN // 8, BN // 4            # n-tiles of S; k-steps of P V
-    DP = D + _PAD                        # shared row length (doubles)
+    BN, Q_SMEM, WARPS, STAGES = geo or dmma_geometry(D)
+    BM, NT = 16 * WARPS, 32 * WARPS
+    NATIVE = bool(native)
+    KS, ND = D // 16, D // 8             # k-steps of Q K^T; n-tiles of the output
+    NS, KP = BN // 8, BN // 16           # n-tiles of S; k-steps of P V
+    DK, DV = D + _PAD_K, D + _PAD_V      # shared row lengths (doubles)
+    Q_WORDS = BM * DK if Q_SMEM else 0
+    STAGE_WORDS = BN * (DK + DV)
     CPR = D // 2                         # 16-byte copies per K / V row
     COPIES = BN * CPR // NT              # per thread and tile, for K and again for V
-    SN, ON = NS * 2, ND * 2              # accumulator doubles per lane: S, O
+    if BN % 16 or (BN * CPR) % NT:
+        raise ValueError(f"the tiling {BN} keys x {NT} threads does not split head_dim {D}'s "
+                         f"copies evenly (keys per tile a multiple of 16)")
+    QN = 1 if Q_SMEM else D // 2         # registers per lane: Q fragments, S, O
+    SN, ON = 4 * NS, 4 * ND
     f64 = types.float64
     GROUP_KEYS = group_keys(16 * D, has_right)     # the grid's order (schedule.py)
-    NEG_INF = -math.inf
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
@@ -69,79 +191,100 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
-        if SIMULATOR:
-            ks = cuda.shared.array((BN, DP), f64)
-            vs = cuda.shared.array((BN, DP), f64)
-        else:       # cp.async writes 16-byte aligned rows
-            ks = cuda.shared.array((BN, DP), f64, alignment=16)
-            vs = cuda.shared.array((BN, DP), f64, alignment=16)
-        ps = cuda.shared.array((4, 8, BN), f64)        # each warp's P tile
-        qf = cuda.local.array(KS, f64)
+        dyn = cuda.shared.array(0, f64)
+        qs = shared_view(dyn, 0, BM if Q_SMEM else 1, DK)
+        qf = cuda.local.array(QN, f64)
         s = cuda.local.array(SN, f64)
         o = cuda.local.array(ON, f64)
-        row = qtile * BM + warp * 8 + g
-        qpos = row + seqlen_k - seqlen_q
-        for kk in range(KS):
-            qf[kk] = q[b, row, h, kk * 4 + t] if row < seqlen_q else 0.0
+        row0 = qtile * BM + warp * 16 + g
+        shift = seqlen_k - seqlen_q
+        if Q_SMEM:      # visible to every warp after the key loop's first barrier
+            store_q_rows(qs, q, b, h, qtile * BM, seqlen_q, tid, NT, BM, D, 0.0)
+        else:
+            for i in range(D // 2):      # a[2j + h] of k-step kk: row g + 8h, column t + 4j
+                r = row0 + 8 * (i & 1)
+                c = (i >> 3) * 16 + t + 4 * ((i >> 1) & 3)
+                qf[i] = q[b, r, h, c] if r < seqlen_q else 0.0
         for e in range(ON):
             o[e] = 0.0
-        m = NEG_INF
-        l = 0.0
-        q_lo = qtile * BM + seqlen_k - seqlen_q
-        q_hi = min(qtile * BM + BM, seqlen_q) - 1 + seqlen_k - seqlen_q
+        m0 = m1 = NEG_INF
+        l0 = l1 = 0.0
+        q_lo = qtile * BM + shift
+        q_hi = min(qtile * BM + BM, seqlen_q) - 1 + shift
         tile_lo, tile_hi, tile, last, sink_tiles = key_tiles(
             q_lo, q_hi, seqlen_k, BN, has_left, has_right, has_sinks, window_left, window_right,
             sinks)
         tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
+        if STAGES == 2 and tile <= last:
+            copy_kv_tile(shared_view(dyn, Q_WORDS, BN, DK),
+                         shared_view(dyn, Q_WORDS + BN * DK, BN, DV), k, v, b, hk, tile * BN,
+                         seqlen_k, tid, NT, COPIES, CPR, 2)
+        stage = 0
         while tile <= last:
             k0 = tile * BN
-            load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 2)
-            for e in range(SN):
-                s[e] = 0.0
-            for n in range(NS):                  # S = Q K^T
-                for kk in range(KS):
-                    s[2 * n], s[2 * n + 1] = mma_f64(qf[kk], ks[n * 8 + g, kk * 4 + t],
-                                                     s[2 * n], s[2 * n + 1])
-            mx = NEG_INF
-            for n in range(NS):                  # scale, softcap, mask; the row's max
-                for e in range(2):
-                    x = masked_score(s[2 * n + e], k0 + n * 8 + 2 * t + e, qpos, seqlen_k,
-                                     scale, cap_in, cap_out, has_softcap, has_left, has_right,
-                                     has_sinks, window_left, window_right, sinks, NEG_INF)
-                    s[2 * n + e] = x
-                    mx = max(mx, x)
-            mx = max(mx, shfl_xor(mx, 1))
-            mx = max(mx, shfl_xor(mx, 2))
-            m_new = max(m, mx)
-            mu = m_new if m_new != NEG_INF else 0.0
-            alpha = math.exp(m - mu)
-            m = m_new
-            rs = 0.0
-            for n in range(NS):                  # P, staged for the A fragments of P V
-                for e in range(2):
-                    p = math.exp(s[2 * n + e] - mu)
-                    rs += p
-                    ps[warp, g, n * 8 + 2 * t + e] = p
-            rs += shfl_xor(rs, 1)
-            rs += shfl_xor(rs, 2)
-            l = l * alpha + rs
-            for e in range(ON):
-                o[e] *= alpha
-            syncwarp()
-            for kk in range(KP):                 # O += P V
-                a0 = ps[warp, g, kk * 4 + t]
-                for n in range(ND):
-                    o[2 * n], o[2 * n + 1] = mma_f64(a0, vs[kk * 4 + t, n * 8 + g],
-                                                     o[2 * n], o[2 * n + 1])
-            syncwarp()                           # P read before the next tile overwrites it
-            tile = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
-        if row < seqlen_q:
-            inv = 1.0 / l if l != 0 else 0.0     # a NaN l stays NaN (docs/api.md)
+            nxt = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
+            base = Q_WORDS + stage * STAGE_WORDS
+            ks = shared_view(dyn, base, BN, DK)
+            vs = shared_view(dyn, base + BN * DK, BN, DV)
+            if STAGES == 2:
+                cp_async_wait_all()
+                cuda.syncthreads()       # this tile landed; every warp is done with the other
+                if nxt <= last:
+                    other = Q_WORDS + (1 - stage) * STAGE_WORDS
+                    copy_kv_tile(shared_view(dyn, other, BN, DK),
+                                 shared_view(dyn, other + BN * DK, BN, DV), k, v, b, hk,
+                                 nxt * BN, seqlen_k, tid, NT, COPIES, CPR, 2)
+                stage = 1 - stage
+            else:
+                load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 2)
+            scores(s, qf, qs, ks, Q_SMEM, NATIVE, warp * 16 + g, g, t, KS, NS)
+            mx0 = mx1 = NEG_INF
+            for n in range(NS):              # scale, softcap, mask; each row's max
+                for e in range(4):
+                    x = masked_score(s[4 * n + e], k0 + n * 8 + 2 * t + (e & 1),
+                                     row0 + 8 * (e >> 1) + shift, seqlen_k, scale, cap_in,
+                                     cap_out, has_softcap, has_left, has_right, has_sinks,
+                                     window_left, window_right, sinks, NEG_INF)
+                    s[4 * n + e] = x
+                    if e < 2:
+                        mx0 = max(mx0, x)
+                    else:
+                        mx1 = max(mx1, x)
+            n0, n1 = max(m0, row_max(mx0)), max(m1, row_max(mx1))
+            mu0 = n0 if n0 != NEG_INF else 0.0
+            mu1 = n1 if n1 != NEG_INF else 0.0
+            alpha0, alpha1 = math.exp(m0 - mu0), math.exp(m1 - mu1)
+            m0, m1 = n0, n1
+            rs0 = rs1 = 0.0
+            for n in range(NS):              # P in place of S
+                for e in range(4):
+                    p = math.exp(s[4 * n + e] - (mu0 if e < 2 else mu1))
+                    s[4 * n + e] = p
+                    if e < 2:
+                        rs0 += p
+                    else:
+                        rs1 += p
+            l0 = l0 * alpha0 + row_sum(rs0)
+            l1 = l1 * alpha1 + row_sum(rs1)
             for n in range(ND):
-                out[b, row, h, n * 8 + 2 * t] = o[2 * n] * inv
-                out[b, row, h, n * 8 + 2 * t + 1] = o[2 * n + 1] * inv
-            if write_lse and t == 0:
-                lse[b, h, row] = m + math.log(l) if l != 0 else NEG_INF
+                o[4 * n] *= alpha0
+                o[4 * n + 1] *= alpha0
+                o[4 * n + 2] *= alpha1
+                o[4 * n + 3] *= alpha1
+            add_pv(o, s, vs, NATIVE, g, t, KP, ND)
+            tile = nxt
+        for half in range(2):
+            row = row0 + 8 * half
+            l = l0 if half == 0 else l1
+            if row < seqlen_q:
+                inv = 1.0 / l if l != 0 else 0.0     # a NaN l stays NaN (docs/api.md)
+                for n in range(ND):
+                    out[b, row, h, n * 8 + 2 * t] = o[4 * n + 2 * half] * inv
+                    out[b, row, h, n * 8 + 2 * t + 1] = o[4 * n + 2 * half + 1] * inv
+                if write_lse and t == 0:
+                    mrow = m0 if half == 0 else m1
+                    lse[b, h, row] = mrow + math.log(l) if l != 0 else NEG_INF
 
-    return jit_kernel(kernel, ("dmma", D, bool(has_left), bool(has_right), bool(has_sinks),
-                               bool(has_softcap), bool(write_lse)))
+    return jit_kernel(kernel, ("dmma16", D, bool(has_left), bool(has_right), bool(has_sinks),
+                               bool(has_softcap), bool(write_lse), NATIVE, BN, bool(Q_SMEM),
+                               WARPS, STAGES))

@@ -39,7 +39,7 @@ from ..primitives import SIMULATOR, mma_tf32, shfl_xor, split_tf32, syncwarp
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
 from .schedule import group_keys, query_tile_of_block
-from .tile_ops import load_kv_tile, masked_score
+from .tile_ops import load_kv_tile, masked_score, store_q_rows
 from ..primitives.base import inlined
 
 __all__ = ["make_tf32x3_kernel", "tf32x3_supported", "tf32x3_geometry", "TF32_BLOCK_N"]
@@ -125,12 +125,8 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
         o = cuda.local.array(ON, f32)
         row0 = qtile * BM + warp * 16 + g
         shift = seqlen_k - seqlen_q
-        if Q_SMEM:      # visible to every warp after load_kv_tile's first barrier
-            for i in range(tid, BM * D, NT):
-                r = i // D
-                c = i - r * D
-                qrow = qtile * BM + r
-                qs[r, c] = q[b, qrow, h, c] if qrow < seqlen_q else ZERO
+        if Q_SMEM:      # visible to every warp after the key loop's first barrier
+            store_q_rows(qs, q, b, h, qtile * BM, seqlen_q, tid, NT, BM, D, ZERO)
         else:
             for kk in range(KS):
                 for i in range(4):           # a0..a3: rows g, g + 8; columns t, t + 4

@@ -11,15 +11,14 @@ from numba import cuda
 from ..primitives import cp_async16, cp_async_commit, cp_async_wait_all
 from ..primitives.base import inlined
 
-__all__ = ["load_kv_tile", "masked_score", "window_visible"]
+__all__ = ["copy_kv_tile", "load_kv_tile", "masked_score", "store_q_rows", "window_visible"]
 
 
 @inlined
-def load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_row, per_copy):
-    """Rows ``k0 ..`` of ``k[b, :, hk, :]`` and ``v[...]`` into the shared tiles ``ks`` / ``vs``
-    (zeros past ``seqlen_k``), by cp.async: ``copies`` 16-byte copies per thread, ``per_row``
-    per row, ``per_copy`` elements each; returns when every copy of the block has landed."""
-    cuda.syncthreads()                  # every warp is done with the previous tiles
+def copy_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_row, per_copy):
+    """Start copying rows ``k0 ..`` of ``k[b, :, hk, :]`` and ``v[...]`` into the shared tiles
+    ``ks`` / ``vs`` (zeros past ``seqlen_k``) by cp.async: ``copies`` 16-byte copies per
+    thread, ``per_row`` per row, ``per_copy`` elements each, committed as one group."""
     for c in range(copies):
         i = c * threads + tid
         r = i // per_row
@@ -29,8 +28,28 @@ def load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_ro
         cp_async16(ks, r, col, k, b, src, hk, col, 16 if ok else 0)
         cp_async16(vs, r, col, v, b, src, hk, col, 16 if ok else 0)
     cp_async_commit()
+
+
+@inlined
+def load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_row, per_copy):
+    """``copy_kv_tile`` between two barriers (every warp is done with the previous tiles before
+    the copy; returns when every copy of the block has landed)."""
+    cuda.syncthreads()
+    copy_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_row, per_copy)
     cp_async_wait_all()
     cuda.syncthreads()
+
+
+@inlined
+def store_q_rows(qs, q, b, h, q0, seqlen_q, tid, threads, rows, head_dim, zero):
+    """Rows ``q0 .. q0 + rows - 1`` of ``q[b, :, h, :]`` into the shared tile ``qs`` (``zero``
+    past ``seqlen_q``), the block's threads striding over the elements; other warps see them
+    after the next barrier."""
+    for i in range(tid, rows * head_dim, threads):
+        r = i // head_dim
+        c = i - r * head_dim
+        qrow = q0 + r
+        qs[r, c] = q[b, qrow, h, c] if qrow < seqlen_q else zero
 
 
 @inlined

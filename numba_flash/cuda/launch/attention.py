@@ -20,7 +20,8 @@ import numpy as np
 from numba.cuda import types
 
 from ..kernels import forward_geometry as geometry
-from ..kernels.forward_dmma import DMMA_BLOCK_M, DMMA_THREADS, dmma_supported, make_dmma_kernel
+from ..kernels.forward_dmma import (dmma_geometry, dmma_smem_bytes, dmma_supported,
+                                   make_dmma_kernel)
 from ..kernels.forward_fma import make_fma_kernel
 from ..kernels.forward_tf32x3 import make_tf32x3_kernel, tf32x3_geometry, tf32x3_supported
 from ..kernels.forward_mma import make_mma_kernel
@@ -59,6 +60,11 @@ def wgmma_device() -> bool:
     if SIMULATOR or not WGMMA_ENABLED:
         return False
     return compute_capability(current_device_id()) == (9, 0)
+
+
+def _sm90() -> bool:
+    """Whether the current device has sm_90's instructions (the simulator models them)."""
+    return SIMULATOR or compute_capability(current_device_id()) >= (9, 0)
 
 
 def _wgmma(dtype_name: str, head_dim: int) -> bool:
@@ -141,6 +147,7 @@ class KernelKey(NamedTuple):
     score_mod: Any
     dmma: bool
     tf32x3: bool
+    sm90: bool      # the DMMA kernel's m16n8k16 instruction (compute capability 9.0 or later)
 
 
 class KernelEntry(NamedTuple):
@@ -165,16 +172,19 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
                                score_mod)
     dmma, tf32 = exact == "dmma", exact == "tf32x3"
     key = KernelKey(dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap,
-                    write_lse, mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma, tf32)
+                    write_lse, mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma, tf32,
+                    dmma and _sm90())
     entry = _KERNELS.get(key)
     if entry is None and tf32:
         entry = _KERNELS[key] = KernelEntry(make_tf32x3_kernel(head_dim, has_left, has_right,
                                                                has_sinks, has_softcap, write_lse),
                                             *tf32x3_geometry(head_dim), 0)
     if entry is None and dmma:
-        entry = _KERNELS[key] = KernelEntry(make_dmma_kernel(head_dim, has_left, has_right,
-                                                             has_sinks, has_softcap, write_lse),
-                                            DMMA_BLOCK_M, DMMA_THREADS, 0)
+        geo = dmma_geometry(head_dim)
+        entry = _KERNELS[key] = KernelEntry(
+            make_dmma_kernel(head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
+                             key.sm90, geo),
+            16 * geo.warps, 32 * geo.warps, dmma_smem_bytes(head_dim, geo))
     if entry is None and wg and _warp_specialised(head_dim, has_left, has_sinks, has_softcap,
                                                   mask_kind, varlen, has_alibi, mask_mod,
                                                   score_mod):
@@ -491,7 +501,7 @@ def _launch_simulated(kind, dtype_name, p, q, k, v, out, lse):
     block_m, block_n = tile_shape(dtype_name, p.head_dim)
     mplan = plan_mask(p.mask, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, block_m, block_n,
                       p.lead, 0)
-    kern, block_m, threads, _, _ = kernel_for(
+    kern, block_m, threads, smem, _ = kernel_for(
         dtype_name, p.head_dim, p.has_left, p.has_right, p.has_sinks, p.has_softcap,
         p.return_lse, mplan.kind, p.lead, p.alibi is not None, mplan.mask_mod, p.score_mod,
         p.precision)
@@ -512,5 +522,5 @@ def _launch_simulated(kind, dtype_name, p, q, k, v, out, lse):
     fdt = np.float32 if half or not FULL_NAMES[dtype_name] else np.float64
     args = [kernel_array(x, kind, half, p.lead) for x in (q, k, v, out)]
     grid = (-(-p.seqlen_q // block_m), p.batch * p.heads_q)
-    kern[grid, threads, 0](*args, lse_arg, p.seqlen_q, p.seqlen_k, p.heads_q // p.heads_kv,
+    kern[grid, threads, 0, smem](*args, lse_arg, p.seqlen_q, p.seqlen_k, p.heads_q // p.heads_kv,
                            *(fdt(x) for x in scalars), p.left, p.right, p.sinks, *extra)

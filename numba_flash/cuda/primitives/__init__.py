@@ -4,7 +4,7 @@ stand-in for Numba's CUDA simulator so that kernel source is the same on both.
 * ``base``: the simulator switch, LLVM addressing helpers for inline-PTX intrinsics, the
   simulator's per-warp exchange.
 * ``mma``: ``mma.sync.m16n8k16`` (fp16 / bf16 in, fp32 accumulate) and fp32 -> 16-bit packing.
-* ``mma_exact``: DMMA (``m8n8k4`` float64) and TF32 (``m16n8k8``) products, the TF32 split of
+* ``mma_exact``: DMMA (``m16n8k16`` / ``m8n8k4`` float64) and TF32 (``m16n8k8``) products, the TF32 split of
   the 3xTF32 scheme.
 * ``ldmatrix``: 8x8 16-bit matrices from shared memory into mma fragments.
 * ``cp_async``: asynchronous global -> shared copies and their group waits.
@@ -36,7 +36,7 @@ from .wgmma import (cp_async4_to, cp_async16_to, cp_async16_at_address, fence_pr
 from .smem import lds16, shared_view
 from .grid import grid_dependency_wait, grid_launch_dependents
 from .vector import ld_v4, unpack16, unpack_bf16, unpack_f16
-from .mma_exact import mma_f64, mma_tf32, split_tf32
+from .mma_exact import mma_f64, mma_f64_k16, mma_f64_k16_884, mma_tf32, split_tf32
 from .atomics import red_add2
 from .mbarrier import (fence_mbar_init, mbar_arrive, mbar_init, mbar_try_wait, named_arrive,
                        named_sync, regs_dec_72, regs_inc_216)

@@ -4,6 +4,14 @@
   A (8 x 4) B (4 x 8) + C, every value float64. Fragments (PTX ISA, "Matrix Fragments for
   mma.m8n8k4 with .f64", ``g = lane >> 2``, ``t = lane & 3``): ``a0 = A[g, t]``,
   ``b0 = B[t, g]``, ``c0, c1 = C[g, 2t], C[g, 2t + 1]`` (D likewise).
+* ``mma_f64_k16(a0, .., a7, b0, .., b3, c0, .., c3)``: ``mma.sync.aligned.m16n8k16.row.col.f64``
+  (sm_90's DMMA.16x8x16, eight times the work of one m8n8k4 for one instruction): D (16 x 8) =
+  A (16 x 16) B (16 x 8) + C, float64. Fragments: ``a[2j + h] = A[g + 8h, t + 4j]``,
+  ``b[j] = B[t + 4j, g]`` (j = 0..3, h = 0, 1); C / D as in mma.py's m16n8 layout
+  (``c0, c1 = C[g, 2t], C[g, 2t + 1]``, ``c2, c3`` the same in row g + 8).
+  ``mma_f64_k16_884`` computes the same product as eight ``mma_f64`` (m8n8k4) for GPUs
+  before sm_90: k-chunk j of rows g is ``mma_f64(a[2j], b[j])``, of rows g + 8
+  ``mma_f64(a[2j + 1], b[j])``.
 * ``mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: ``mma.sync.aligned.m16n8k8.row.col
   .f32.tf32.tf32.f32``: D (16 x 8, float32) = A (16 x 8) B (8 x 8) + C, operands TF32 (float32
   bit patterns, the low 13 mantissa bits ignored). Fragments: ``a0 = A[g, t]``,
@@ -32,7 +40,8 @@ import numpy as np
 
 from .base import SIMULATOR, collective, inlined
 
-__all__ = ["mma_f64", "mma_tf32", "split_tf32", "tensor_core_rounding"]
+__all__ = ["mma_f64", "mma_f64_k16", "mma_f64_k16_884", "mma_tf32", "split_tf32",
+           "tensor_core_rounding"]
 
 _G = np.arange(32) >> 2
 _T = np.arange(32) & 3
@@ -57,6 +66,24 @@ if not SIMULATOR:
             res = builder.call(asm, args)
             return context.make_tuple(builder, sig.return_type,
                                       [builder.extract_value(res, i) for i in range(2)])
+
+        return sig, codegen
+
+    @intrinsic
+    def mma_f64_k16(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, c0, c1, c2, c3):
+        """D = A B + C for one warp, m16n8k16 float64 (sm_90; fragments: module docstring)."""
+        sig = types.UniTuple(_F64, 4)(*([_F64] * 16))
+
+        def codegen(context, builder, sig, args):
+            f64 = ir.DoubleType()
+            fnty = ir.FunctionType(ir.LiteralStructType([f64] * 4), [f64] * 16)
+            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 "
+                                     "{$0,$1,$2,$3}, {$4,$5,$6,$7,$8,$9,$10,$11}, "
+                                     "{$12,$13,$14,$15}, {$16,$17,$18,$19};",
+                               ",".join(["=d"] * 4 + ["d"] * 16))
+            res = builder.call(asm, args)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(4)])
 
         return sig, codegen
 
@@ -149,6 +176,25 @@ else:
         """D = A B + C for one warp (float64; fragments: module docstring)."""
         return collective((a0, b0, c0, c1), _combine_f64)
 
+    def _combine_f64_k16(slots):
+        a = np.zeros((16, 16))
+        b = np.zeros((16, 8))
+        c = np.zeros((16, 8))
+        for lane, s in enumerate(slots):
+            g, t = lane >> 2, lane & 3
+            for j in range(4):
+                a[g, t + 4 * j], a[g + 8, t + 4 * j] = s[2 * j], s[2 * j + 1]
+                b[t + 4 * j, g] = s[8 + j]
+            c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1] = s[12:]
+        d = a @ b + c
+        return [(d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1])
+                for g, t in zip(_G, _T)]
+
+    def mma_f64_k16(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, c0, c1, c2, c3):
+        """D = A B + C for one warp, m16n8k16 float64 (fragments: module docstring)."""
+        return collective((a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, c0, c1, c2, c3),
+                          _combine_f64_k16)
+
     def _sum_toward_zero(terms):
         """Each row of ``terms`` (float64) summed exactly and rounded toward zero to float32."""
         rows = terms.tolist()
@@ -183,3 +229,17 @@ else:
     def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """D = A B + C for one warp, TF32 operands, float32 result."""
         return collective((a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _combine_tf32)
+
+
+@inlined
+def mma_f64_k16_884(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, c0, c1, c2, c3):
+    """``mma_f64_k16``'s product as eight m8n8k4 DMMAs (GPUs before sm_90; module docstring)."""
+    c0, c1 = mma_f64(a0, b0, c0, c1)
+    c2, c3 = mma_f64(a1, b0, c2, c3)
+    c0, c1 = mma_f64(a2, b1, c0, c1)
+    c2, c3 = mma_f64(a3, b1, c2, c3)
+    c0, c1 = mma_f64(a4, b2, c0, c1)
+    c2, c3 = mma_f64(a5, b2, c2, c3)
+    c0, c1 = mma_f64(a6, b3, c0, c1)
+    c2, c3 = mma_f64(a7, b3, c2, c3)
+    return c0, c1, c2, c3

@@ -1,0 +1,79 @@
+"""GPU time of the float64 DMMA forward (kernels/forward_dmma.py) under several tilings
+(``DmmaGeometry``: keys per tile, Q in shared memory, warps per block, K / V stages), in one
+process, against the IEEE CUDA-core kernel (max difference) and SDPA's math backend (the peer
+of issue 21). Each tiling replaces ``launch.attention.dmma_geometry`` for its calls.
+
+    PYTHONPATH=scripts python scripts/experiments/dmma_geometry_probe.py [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import cupy as cp
+
+from bench_forward import flops, time_ms
+from numba_flash.cuda.kernels.forward_dmma import DmmaGeometry as G, dmma_geometry
+from numba_flash.cuda.launch import attention as launch
+
+SHAPES = {32: (4, 16, 2048), 64: (4, 16, 2048), 96: (2, 16, 4096), 128: (2, 16, 4096)}
+TILINGS = {
+    32: [G(32, False, 4, 1), G(32, False, 4, 2), G(32, False, 8, 2)],
+    64: [G(32, True, 4, 1), G(32, True, 4, 2), G(16, True, 4, 2), G(16, True, 4, 1),
+         G(32, True, 8, 2)],
+    96: [G(16, True, 4, 1), G(16, True, 8, 1)],
+    128: [G(16, True, 4, 1), G(16, True, 8, 1), G(16, True, 4, 2), G(32, True, 4, 1)],
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--head-dims", default="32,64,96,128")
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rng = cp.random.default_rng(0)
+    rows = []
+    for d in (int(x) for x in args.head_dims.split(",")):
+        b, h, n = SHAPES[d]
+        q, k, v = (rng.standard_normal((b, n, h, d)) for _ in range(3))
+        tq, tk, tv = (torch.as_tensor(x, device="cuda").transpose(1, 2) for x in (q, k, v))
+        for causal in (False, True):
+            fl = flops(b, h, n, d, causal)
+            with sdpa_kernel(SDPBackend.MATH):
+                stream = torch.cuda.current_stream()
+                with cp.cuda.ExternalStream(stream.cuda_stream):
+                    sdpa = time_ms(lambda: F.scaled_dot_product_attention(
+                        tq, tk, tv, is_causal=causal), reps=5)
+            ieee = launch.attention_cuda(q, k, v, softmax_scale=d ** -0.5, causal=causal,
+                                         precision="ieee")
+            for geo in TILINGS[d]:
+                launch._KERNELS.clear()
+                launch.dmma_geometry = lambda hd, geo=geo: geo
+
+                def call():
+                    return launch.attention_cuda(q, k, v, softmax_scale=d ** -0.5,
+                                                 causal=causal, precision="tensor_cores")
+
+                diff = float(cp.abs(call() - ieee).max())
+                ms = time_ms(call, reps=10)
+                row = dict(B=b, H=h, N=n, D=d, causal=causal, geometry=list(geo), ms=ms,
+                           tflops=fl / ms / 1e9, sdpa_math_ms=sdpa, x_sdpa=sdpa / ms,
+                           max_diff_vs_ieee=diff)
+                rows.append(row)
+                print(f"D {d:3d} {'causal' if causal else 'full  '} {str(tuple(geo)):22s} "
+                      f"{ms:7.3f} ms {row['tflops']:6.2f} TF/s  x SDPA math {row['x_sdpa']:5.2f}"
+                      f"  |diff| {diff:.1e}", flush=True)
+            launch.dmma_geometry = dmma_geometry
+            launch._KERNELS.clear()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                           rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
