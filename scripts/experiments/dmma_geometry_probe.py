@@ -1,7 +1,8 @@
 """GPU time of the float64 DMMA forward (kernels/forward_dmma.py) under several tilings
 (``DmmaGeometry``: keys per tile, Q in shared memory, warps per block, K / V stages), in one
 process, against the IEEE CUDA-core kernel (max difference) and SDPA's math backend (the peer
-of issue 21). Each tiling replaces ``launch.attention.dmma_geometry`` for its calls.
+of issue 21). Each tiling replaces ``launch.attention.dmma_geometry`` (and the launch cache)
+for its calls; the tilings alternate within each of ``--rounds`` rounds, medians printed.
 
     PYTHONPATH=scripts python scripts/experiments/dmma_geometry_probe.py [--json out.json]
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import cupy as cp
 
@@ -17,12 +19,11 @@ from numba_flash.cuda.kernels.forward_dmma import DmmaGeometry as G, dmma_geomet
 from numba_flash.cuda.launch import attention as launch
 
 SHAPES = {32: (4, 16, 2048), 64: (4, 16, 2048), 96: (2, 16, 4096), 128: (2, 16, 4096)}
-TILINGS = {
-    32: [G(32, False, 4, 1), G(32, False, 4, 2), G(32, False, 8, 2)],
-    64: [G(32, True, 4, 1), G(32, True, 4, 2), G(16, True, 4, 2), G(16, True, 4, 1),
-         G(32, True, 8, 2)],
-    96: [G(16, True, 4, 1), G(16, True, 8, 1)],
-    128: [G(16, True, 4, 1), G(16, True, 8, 1), G(16, True, 4, 2), G(32, True, 4, 1)],
+TILINGS = {       # keys per tile, Q in shared memory, warps, stages, 16-byte Q / K loads
+    32: [G(32, False, 4, 2, False), G(32, False, 4, 2, True)],
+    64: [G(32, True, 4, 2, False), G(32, True, 4, 2, True), G(16, False, 4, 2, True)],
+    96: [G(16, True, 4, 1, False), G(16, True, 4, 1, True)],
+    128: [G(16, True, 8, 1, False), G(16, True, 8, 1, True)],
 }
 
 
@@ -30,6 +31,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--head-dims", default="32,64,96,128")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -37,6 +39,7 @@ def main():
 
     rng = cp.random.default_rng(0)
     rows = []
+    default_kernels = launch._KERNELS
     for d in (int(x) for x in args.head_dims.split(",")):
         b, h, n = SHAPES[d]
         q, k, v = (rng.standard_normal((b, n, h, d)) for _ in range(3))
@@ -50,25 +53,33 @@ def main():
                         tq, tk, tv, is_causal=causal), reps=5)
             ieee = launch.attention_cuda(q, k, v, softmax_scale=d ** -0.5, causal=causal,
                                          precision="ieee")
+            kernels = {geo: {} for geo in TILINGS[d]}      # each tiling's launch cache
+            times = {geo: [] for geo in TILINGS[d]}
+            diffs = {}
+            for r in range(args.rounds):                   # tilings alternate within a round
+                for geo in TILINGS[d]:
+                    launch._KERNELS = kernels[geo]
+                    launch.dmma_geometry = lambda hd, geo=geo: geo
+
+                    def call():
+                        return launch.attention_cuda(q, k, v, softmax_scale=d ** -0.5,
+                                                     causal=causal, precision="tensor_cores")
+
+                    if r == 0:
+                        diffs[geo] = float(cp.abs(call() - ieee).max())
+                    times[geo].append(time_ms(call, reps=10))
             for geo in TILINGS[d]:
-                launch._KERNELS.clear()
-                launch.dmma_geometry = lambda hd, geo=geo: geo
-
-                def call():
-                    return launch.attention_cuda(q, k, v, softmax_scale=d ** -0.5,
-                                                 causal=causal, precision="tensor_cores")
-
-                diff = float(cp.abs(call() - ieee).max())
-                ms = time_ms(call, reps=10)
+                ms = statistics.median(times[geo])
                 row = dict(B=b, H=h, N=n, D=d, causal=causal, geometry=list(geo), ms=ms,
-                           tflops=fl / ms / 1e9, sdpa_math_ms=sdpa, x_sdpa=sdpa / ms,
-                           max_diff_vs_ieee=diff)
+                           rounds_ms=times[geo], tflops=fl / ms / 1e9, sdpa_math_ms=sdpa,
+                           x_sdpa=sdpa / ms, max_diff_vs_ieee=diffs[geo])
                 rows.append(row)
-                print(f"D {d:3d} {'causal' if causal else 'full  '} {str(tuple(geo)):22s} "
-                      f"{ms:7.3f} ms {row['tflops']:6.2f} TF/s  x SDPA math {row['x_sdpa']:5.2f}"
-                      f"  |diff| {diff:.1e}", flush=True)
+                print(f"D {d:3d} {'causal' if causal else 'full  '} {str(tuple(geo)):30s} "
+                      f"{ms:7.3f} ms ({min(times[geo]):.3f}-{max(times[geo]):.3f}) "
+                      f"{row['tflops']:6.2f} TF/s  x SDPA math {row['x_sdpa']:5.2f}"
+                      f"  |diff| {diffs[geo]:.1e}", flush=True)
             launch.dmma_geometry = dmma_geometry
-            launch._KERNELS.clear()
+            launch._KERNELS = default_kernels
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
