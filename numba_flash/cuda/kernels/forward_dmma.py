@@ -8,28 +8,20 @@ DMMA.16x8x16 on sm_90, whose float64 tensor cores run at twice an A100's rate pe
 through the shapes sm_90 added), or the same product as eight m8n8k4 DMMAs before sm_90
 (``native=False``).
 
-A warp owns 16 query rows (one m-tile), a block ``geo.warps`` warps (``dmma_geometry``). K and V
-tiles of ``BN`` keys go to dynamic shared memory by cp.async (in ``geo.stages`` buffers: with
-two, the next tile's copy runs during this one's products), Q too beyond head_dim 32 (else its
-A fragments sit in registers). Per tile: S = Q K^T, the online softmax on the accumulator
-fragment (lane (g, t): rows g and g + 8, keys 2t, 2t + 1 of each 8-key n-tile; a row's 4 lanes
-combine by shuffles), then O = alpha O + P V straight from the registers.
+A warp owns 16 query rows (one m-tile), a block ``geo.warps`` warps (``dmma_geometry``). Q's A fragments
+(``a[2j + h] = Q[g + 8h, kk*16 + t + 4j]``) sit in registers up to head_dim 32 and in shared
+memory beyond (``dmma_geometry``); K and V tiles of ``BN`` keys go to dynamic shared memory by
+cp.async. Per tile: S = Q K^T (B fragment ``K[n*8 + g, kk*16 + t + 4j]``), the online softmax on
+the accumulator fragment (lane (g, t): rows g and g + 8, keys 2t, 2t + 1 of each 8-key n-tile;
+a row's 4 lanes combine by shuffles), then O = alpha O + P V straight from the registers: the
+A fragment of a 16-key k-step wants keys t + 4j of a lane's rows, the accumulator holds keys
+2t, 2t + 1, 2t + 8, 2t + 9, so P V runs over the keys in the order ``pi(t + 4j) = 2t, 2t + 1,
+2t + 8, 2t + 9`` and V's B fragment reads rows ``pi(t + 4j)`` (a sum over keys does not care
+about their order; no shared staging of P).
 
-Two permutations of a sum's order, which change no product:
-* Q K^T runs over the head dims of each 16-dim k-step in the order ``pi(t + 4j) = 4t + j``, so
-  that a lane's 4 A (Q) and 4 B (K) values are 4 adjacent doubles: two 16-byte shared loads
-  (``lds16``) each instead of four 8-byte ones (the shared-memory pipe was the busiest unit:
-  ncu, docs/perf-notes.md). A fragment ``a[2j + h] = Q[g + 8h, kk*16 + 4t + j]``, B fragment
-  ``b[j] = K[n*8 + g, kk*16 + 4t + j]``.
-* P V runs over the keys of a 16-key k-step in the order ``pi(t + 4j) = 2t, 2t + 1, 2t + 8,
-  2t + 9``: the A fragment wants keys t + 4j of a lane's rows, the score accumulator holds keys
-  2t, 2t + 1, 2t + 8, 2t + 9, so P needs no shared staging; V's B fragment reads rows
-  ``pi(t + 4j)``.
-
-Shared rows are padded so that the fragment loads touch distinct banks: by 2 doubles with
-16-byte Q / K loads (8 lanes per pass: rows g, dims 4t..: word 2 g (D + 2) + 8t = 4g + 8t mod
-32) and for V's 8-byte loads (16 lanes per pass: rows 2t, dims g: 4t (D + 2) + 2g = 8t + 2g mod
-32); by 4 with 8-byte Q / K loads (rows g, dims t: 2 g (D + 4) + 2t = 8g + 2t mod 32).
+Shared rows are padded so that the fragment loads of a half-warp (8-byte words: 16 lanes per
+pass) touch distinct banks: K and Q by 4 doubles (rows g, columns t: word 2(g (D + 4) + t) =
+8g + 2t mod 32), V by 2 (rows 2t, columns g: 2(2t (D + 2) + g) = 8t + 2g mod 32).
 
 Kernel signature: the CUDA-core kernel's (forward_fma.make_fma_kernel), so one launch plan
 shape serves both; the mask / varlen / ALiBi arguments are never read. Grid (ceil(Sq / BM),
@@ -43,8 +35,8 @@ from typing import NamedTuple
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (cp_async_wait_all, lds16, mma_f64_k16, mma_f64_k16_884,
-                          shared_view, shfl_xor)
+from ..primitives import (cp_async_wait_all, mma_f64_k16, mma_f64_k16_884, shared_view,
+                          shfl_xor)
 from ..primitives.base import inlined
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
@@ -55,20 +47,18 @@ __all__ = ["make_dmma_kernel", "dmma_supported", "dmma_geometry", "dmma_smem_byt
            "DmmaGeometry"]
 
 DMMA_WARPS = 4
-# Doubles of padding per shared row (module docstring): V's, and Q / K's by their fragment loads.
-_PAD_V, _PAD_QK_VECTOR, _PAD_QK_SCALAR = 2, 2, 4
+_PAD_K, _PAD_V = 4, 2               # doubles of padding per shared row (module docstring)
 NEG_INF = -math.inf
 
 
 class DmmaGeometry(NamedTuple):
     """A DMMA kernel's tiling: keys per tile, whether Q sits in shared memory, warps per block
     (16 query rows each), K / V stages (2: the next tile's copy runs during this one's
-    products), 16-byte Q / K fragment loads over permuted head dims (module docstring)."""
+    products)."""
     block_n: int
     q_smem: bool
     warps: int = DMMA_WARPS
     stages: int = 1
-    vector: bool = True
 
 
 def dmma_supported(head_dim: int) -> bool:
@@ -92,9 +82,9 @@ def dmma_smem_bytes(head_dim: int, geo: DmmaGeometry | None = None) -> int:
     """Dynamic shared memory of the DMMA kernel at ``head_dim``: Q (when it sits there), then
     each stage's K and V tiles."""
     geo = geo or dmma_geometry(head_dim)
-    dk = head_dim + (_PAD_QK_VECTOR if geo.vector else _PAD_QK_SCALAR)
+    dk, dv = head_dim + _PAD_K, head_dim + _PAD_V
     q_words = 16 * geo.warps * dk if geo.q_smem else 0
-    return 8 * (q_words + geo.stages * geo.block_n * (dk + head_dim + _PAD_V))
+    return 8 * (q_words + geo.stages * geo.block_n * (dk + dv))
 
 
 @inlined
@@ -106,17 +96,9 @@ def dmma(native, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, c0, c1, c2, c3)
 
 
 @inlined
-def q_fragment(qf, qs, q_smem, vector, kk, r, t):
+def q_fragment(qf, qs, q_smem, kk, r, t):
     """A fragment of Q for k-step ``kk`` (the warp's rows ``r``, ``r + 8`` of ``qs``, or the
-    registers ``qf``), as 8 doubles: over the permuted head dims with ``vector`` (module
-    docstring), else ``a[2j + h] = Q[r + 8h, kk*16 + t + 4j]``."""
-    if q_smem and vector:
-        c = kk * 16 + 4 * t
-        x0, x2 = lds16(qs, r, c, 0)
-        x4, x6 = lds16(qs, r, c, 16)
-        x1, x3 = lds16(qs, r + 8, c, 0)
-        x5, x7 = lds16(qs, r + 8, c, 16)
-        return x0, x1, x2, x3, x4, x5, x6, x7
+    registers ``qf``), as 8 doubles."""
     if q_smem:
         c = kk * 16 + t
         return (qs[r, c], qs[r + 8, c], qs[r, c + 4], qs[r + 8, c + 4],
@@ -126,31 +108,20 @@ def q_fragment(qf, qs, q_smem, vector, kk, r, t):
 
 
 @inlined
-def k_fragment(ks, vector, key, kk, t):
-    """B fragment of K^T for k-step ``kk`` and key row ``key`` (``q_fragment``'s head-dim
-    order), as 4 doubles."""
-    if vector:
-        c = kk * 16 + 4 * t
-        b0, b1 = lds16(ks, key, c, 0)
-        b2, b3 = lds16(ks, key, c, 16)
-        return b0, b1, b2, b3
-    c = kk * 16 + t
-    return ks[key, c], ks[key, c + 4], ks[key, c + 8], ks[key, c + 12]
-
-
-@inlined
-def scores(s, qf, qs, ks, q_smem, vector, native, r, g, t, k_steps, n_tiles):
+def scores(s, qf, qs, ks, q_smem, native, r, g, t, k_steps, n_tiles):
     """S = Q K^T for the tile in shared ``ks``: ``s[4n .. 4n + 3]`` the accumulator of 8-key
     n-tile ``n``."""
     for e in range(4 * n_tiles):
         s[e] = 0.0
     for kk in range(k_steps):
-        a0, a1, a2, a3, a4, a5, a6, a7 = q_fragment(qf, qs, q_smem, vector, kk, r, t)
+        a0, a1, a2, a3, a4, a5, a6, a7 = q_fragment(qf, qs, q_smem, kk, r, t)
+        c = kk * 16 + t
         for n in range(n_tiles):
-            b0, b1, b2, b3 = k_fragment(ks, vector, n * 8 + g, kk, t)
+            key = n * 8 + g
             s[4 * n], s[4 * n + 1], s[4 * n + 2], s[4 * n + 3] = dmma(
-                native, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, s[4 * n], s[4 * n + 1],
-                s[4 * n + 2], s[4 * n + 3])
+                native, a0, a1, a2, a3, a4, a5, a6, a7, ks[key, c], ks[key, c + 4],
+                ks[key, c + 8], ks[key, c + 12], s[4 * n], s[4 * n + 1], s[4 * n + 2],
+                s[4 * n + 3])
 
 
 @inlined
@@ -193,13 +164,12 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
     D = int(head_dim)
     if not dmma_supported(D):
         raise ValueError(f"head_dim must be one of 32, 64, 96, 128 for the DMMA kernel, got {D}")
-    BN, Q_SMEM, WARPS, STAGES, VECTOR = geo or dmma_geometry(D)
+    BN, Q_SMEM, WARPS, STAGES = geo or dmma_geometry(D)
     BM, NT = 16 * WARPS, 32 * WARPS
     NATIVE = bool(native)
     KS, ND = D // 16, D // 8             # k-steps of Q K^T; n-tiles of the output
     NS, KP = BN // 8, BN // 16           # n-tiles of S; k-steps of P V
-    DK = D + (_PAD_QK_VECTOR if VECTOR else _PAD_QK_SCALAR)   # shared row lengths (doubles)
-    DV = D + _PAD_V
+    DK, DV = D + _PAD_K, D + _PAD_V      # shared row lengths (doubles)
     Q_WORDS = BM * DK if Q_SMEM else 0
     STAGE_WORDS = BN * (DK + DV)
     CPR = D // 2                         # 16-byte copies per K / V row
@@ -231,10 +201,9 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
         if Q_SMEM:      # visible to every warp after the key loop's first barrier
             store_q_rows(qs, q, b, h, qtile * BM, seqlen_q, tid, NT, BM, D, 0.0)
         else:
-            for i in range(D // 2):      # a[2j + h] of k-step kk: row g + 8h, dim pi(t + 4j)
+            for i in range(D // 2):      # a[2j + h] of k-step kk: row g + 8h, column t + 4j
                 r = row0 + 8 * (i & 1)
-                j = (i >> 1) & 3
-                c = (i >> 3) * 16 + (4 * t + j if VECTOR else t + 4 * j)
+                c = (i >> 3) * 16 + t + 4 * ((i >> 1) & 3)
                 qf[i] = q[b, r, h, c] if r < seqlen_q else 0.0
         for e in range(ON):
             o[e] = 0.0
@@ -268,7 +237,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
                 stage = 1 - stage
             else:
                 load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 2)
-            scores(s, qf, qs, ks, Q_SMEM, VECTOR, NATIVE, warp * 16 + g, g, t, KS, NS)
+            scores(s, qf, qs, ks, Q_SMEM, NATIVE, warp * 16 + g, g, t, KS, NS)
             mx0 = mx1 = NEG_INF
             for n in range(NS):              # scale, softcap, mask; each row's max
                 for e in range(4):
@@ -318,4 +287,4 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
 
     return jit_kernel(kernel, ("dmma16", D, bool(has_left), bool(has_right), bool(has_sinks),
                                bool(has_softcap), bool(write_lse), NATIVE, BN, bool(Q_SMEM),
-                               WARPS, STAGES, bool(VECTOR)))
+                               WARPS, STAGES))
