@@ -7,7 +7,10 @@ window (9, 5) + 3 sinks masks (Sq=77, Sk=93, GQA 2). With --head-dims, the half-
 at those head_dims (128 and 256 keep Q in shared memory; 256 uses 16-key tiles): float16 causal
 and bfloat16 window + sinks, float16 full and causal at Sq=300, Sk=700 (more key tiles than the
 warp-specialised kernel's ring has stages), and the exact kernels: float32 causal, float64
-window + sinks.
+window + sinks. With --tensor-cores, the kernels of ``precision="tensor_cores"`` instead: DMMA
+(float64, head_dim 32 / 64 / 96 / 128) and 3xTF32 (float32, 32 / 64 / 96), full, causal,
+window (9, 5) + 3 sinks, and causal at Sq=300, Sk=700 (several tiles through both K / V
+stages).
 """
 import argparse
 
@@ -17,7 +20,7 @@ import torch
 from numba_flash.cuda.launch.attention import attention_cuda
 
 
-def run(dtype, d, causal, window, sinks, rng, seqlens=(77, 93)):
+def run(dtype, d, causal, window, sinks, rng, seqlens=(77, 93), precision="auto"):
     shape_q, shape_k = (1, seqlens[0], 2, d), (1, seqlens[1], 1, d)
     if dtype == "bfloat16":
         q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16)
@@ -26,15 +29,23 @@ def run(dtype, d, causal, window, sinks, rng, seqlens=(77, 93)):
         q = rng.standard_normal(shape_q, dtype=cp.float32).astype(dtype)
         k, v = (rng.standard_normal(shape_k, dtype=cp.float32).astype(dtype) for _ in range(2))
     attention_cuda(q, k, v, softmax_scale=0.125, causal=causal, window_size=window, sinks=sinks,
-                   return_lse=True)
+                   return_lse=True, precision=precision)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--head-dims", default=None)
+    ap.add_argument("--tensor-cores", action="store_true")
     args = ap.parse_args()
     rng = cp.random.default_rng(3)
-    if args.head_dims:
+    if args.tensor_cores:
+        for dtype, dims in (("float64", (32, 64, 96, 128)), ("float32", (32, 64, 96))):
+            for d in dims:
+                for causal, window, sinks in ((False, (-1, -1), 0), (True, (-1, -1), 0),
+                                              (False, (9, 5), 3)):
+                    run(dtype, d, causal, window, sinks, rng, precision="tensor_cores")
+                run(dtype, d, True, (-1, -1), 0, rng, (300, 700), "tensor_cores")
+    elif args.head_dims:
         for d in (int(x) for x in args.head_dims.split(",")):
             run("float16", d, True, (-1, -1), 0, rng)
             run("float16", d, False, (-1, -1), 0, rng, (300, 700))   # more key tiles than
