@@ -153,6 +153,45 @@ def row_sum(x):
     return x + shfl_xor(x, 2)
 
 
+@inlined
+def softmax_step(s, o, m0, m1, l0, l1, k0, qpos0, t, seqlen_k, scale, cap_in, cap_out,
+                 window_left, window_right, sinks, has_softcap, has_left, has_right, has_sinks,
+                 n_tiles, d_tiles):
+    """The online softmax of one tile of scores ``s`` (keys from ``k0``; a lane's rows at query
+    positions ``qpos0``, ``qpos0 + 8``): mask and scale, the rows' new maxima, P in place of S,
+    ``o`` rescaled; returns the rows' running max and sum ``(m0, m1, l0, l1)``."""
+    mx0 = mx1 = NEG_INF
+    for n in range(n_tiles):             # scale, softcap, mask; each row's max
+        for e in range(4):
+            x = masked_score(s[4 * n + e], k0 + n * 8 + 2 * t + (e & 1), qpos0 + 8 * (e >> 1),
+                             seqlen_k, scale, cap_in, cap_out, has_softcap, has_left, has_right,
+                             has_sinks, window_left, window_right, sinks, NEG_INF)
+            s[4 * n + e] = x
+            if e < 2:
+                mx0 = max(mx0, x)
+            else:
+                mx1 = max(mx1, x)
+    n0, n1 = max(m0, row_max(mx0)), max(m1, row_max(mx1))
+    mu0 = n0 if n0 != NEG_INF else 0.0
+    mu1 = n1 if n1 != NEG_INF else 0.0
+    alpha0, alpha1 = math.exp(m0 - mu0), math.exp(m1 - mu1)
+    rs0 = rs1 = 0.0
+    for n in range(n_tiles):             # P in place of S
+        for e in range(4):
+            p = math.exp(s[4 * n + e] - (mu0 if e < 2 else mu1))
+            s[4 * n + e] = p
+            if e < 2:
+                rs0 += p
+            else:
+                rs1 += p
+    for n in range(d_tiles):
+        o[4 * n] *= alpha0
+        o[4 * n + 1] *= alpha0
+        o[4 * n + 2] *= alpha1
+        o[4 * n + 3] *= alpha1
+    return n0, n1, l0 * alpha0 + row_sum(rs0), l1 * alpha1 + row_sum(rs1)
+
+
 def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
                      has_softcap: bool, write_lse: bool, native: bool = True,
                      geo: DmmaGeometry | None = None):
@@ -238,39 +277,10 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             else:
                 load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 2)
             scores(s, qf, qs, ks, Q_SMEM, NATIVE, warp * 16 + g, g, t, KS, NS)
-            mx0 = mx1 = NEG_INF
-            for n in range(NS):              # scale, softcap, mask; each row's max
-                for e in range(4):
-                    x = masked_score(s[4 * n + e], k0 + n * 8 + 2 * t + (e & 1),
-                                     row0 + 8 * (e >> 1) + shift, seqlen_k, scale, cap_in,
-                                     cap_out, has_softcap, has_left, has_right, has_sinks,
-                                     window_left, window_right, sinks, NEG_INF)
-                    s[4 * n + e] = x
-                    if e < 2:
-                        mx0 = max(mx0, x)
-                    else:
-                        mx1 = max(mx1, x)
-            n0, n1 = max(m0, row_max(mx0)), max(m1, row_max(mx1))
-            mu0 = n0 if n0 != NEG_INF else 0.0
-            mu1 = n1 if n1 != NEG_INF else 0.0
-            alpha0, alpha1 = math.exp(m0 - mu0), math.exp(m1 - mu1)
-            m0, m1 = n0, n1
-            rs0 = rs1 = 0.0
-            for n in range(NS):              # P in place of S
-                for e in range(4):
-                    p = math.exp(s[4 * n + e] - (mu0 if e < 2 else mu1))
-                    s[4 * n + e] = p
-                    if e < 2:
-                        rs0 += p
-                    else:
-                        rs1 += p
-            l0 = l0 * alpha0 + row_sum(rs0)
-            l1 = l1 * alpha1 + row_sum(rs1)
-            for n in range(ND):
-                o[4 * n] *= alpha0
-                o[4 * n + 1] *= alpha0
-                o[4 * n + 2] *= alpha1
-                o[4 * n + 3] *= alpha1
+            m0, m1, l0, l1 = softmax_step(
+                s, o, m0, m1, l0, l1, k0, row0 + shift, t, seqlen_k, scale, cap_in, cap_out,
+                window_left, window_right, sinks, has_softcap, has_left, has_right, has_sinks,
+                NS, ND)
             add_pv(o, s, vs, NATIVE, g, t, KP, ND)
             tile = nxt
         for half in range(2):
