@@ -20,9 +20,10 @@ from numba_flash.cuda.launch import attention as launch
 
 SHAPES = {32: (4, 16, 2048), 64: (4, 16, 2048), 96: (2, 16, 4096), 128: (2, 16, 4096)}
 TILINGS = {       # keys per tile, Q in shared memory, warps, stages
-    32: [G(32, False, 4, 1), G(32, False, 4, 2), G(32, False, 8, 2)],
+    32: [G(32, False, 4, 1), G(32, False, 4, 2), G(32, False, 8, 2), G(16, False, 4, 3),
+         G(32, False, 4, 3)],
     64: [G(32, True, 4, 1), G(32, True, 4, 2), G(16, True, 4, 2), G(16, True, 4, 1),
-         G(32, True, 8, 2)],
+         G(32, True, 8, 2), G(16, True, 4, 3)],
     96: [G(16, True, 4, 1), G(16, True, 8, 1)],
     128: [G(16, True, 4, 1), G(16, True, 8, 1), G(16, True, 4, 2), G(32, True, 4, 1)],
 }
@@ -34,6 +35,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--head-dims", default="32,64,96,128")
+    ap.add_argument("--only", default=None, help="tilings by index within a head dim, e.g. 1,3")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     import torch
@@ -56,11 +58,13 @@ def main():
                         tq, tk, tv, is_causal=causal), reps=5)
             ieee = launch.attention_cuda(q, k, v, softmax_scale=d ** -0.5, causal=causal,
                                          precision="ieee")
-            kernels = {geo: {} for geo in TILINGS[d]}      # each tiling's launch cache
-            times = {geo: [] for geo in TILINGS[d]}
+            tilings = TILINGS[d] if not args.only else [
+                TILINGS[d][int(i)] for i in args.only.split(",") if int(i) < len(TILINGS[d])]
+            kernels = {geo: {} for geo in tilings}         # each tiling's launch cache
+            times = {geo: [] for geo in tilings}
             diffs = {}
             for r in range(args.rounds):                   # tilings alternate within a round
-                for geo in TILINGS[d]:
+                for geo in tilings:
                     launch._KERNELS = kernels[geo]
                     launch.dmma_geometry = lambda hd, geo=geo: geo
 
@@ -71,7 +75,7 @@ def main():
                     if r == 0:
                         diffs[geo] = float(cp.abs(call() - ieee).max())
                     times[geo].append(time_ms(call, reps=10))
-            for geo in TILINGS[d]:
+            for geo in tilings:
                 ms = statistics.median(times[geo])
                 row = dict(B=b, H=h, N=n, D=d, causal=causal, geometry=list(geo), ms=ms,
                            rounds_ms=times[geo], tflops=fl / ms / 1e9, sdpa_math_ms=sdpa,
