@@ -20,15 +20,15 @@ from numba_flash.cuda.launch import attention as launch
 
 SHAPES = {32: (4, 16, 2048), 64: (4, 16, 2048), 96: (2, 16, 4096), 128: (2, 16, 4096)}
 TILINGS = {       # keys per tile, Q in shared memory, warps, stages
-    32: [G(32, False, 4, 1), G(32, False, 4, 2), G(32, False, 8, 2), G(16, False, 4, 3),
-         G(32, False, 4, 3)],
+    32: [G(32, False, 4, 1), G(32, False, 4, 2), G(32, False, 8, 2)],
     64: [G(32, True, 4, 1), G(32, True, 4, 2), G(16, True, 4, 2), G(16, True, 4, 1),
-         G(32, True, 8, 2), G(16, True, 4, 3)],
+         G(32, True, 8, 2)],
     96: [G(16, True, 4, 1), G(16, True, 8, 1)],
     128: [G(16, True, 4, 1), G(16, True, 8, 1), G(16, True, 4, 2), G(32, True, 4, 1)],
 }
-# 2026-11-28 also tried (commit "experiment (lost ...)": DmmaGeometry.vector): 16-byte Q / K
-# fragment loads over permuted head dims, 0.84-1.01x the 8-byte loads' speed.
+# 2026-11-28 also tried (commits "experiment (lost ...)"): 16-byte Q / K fragment loads over
+# permuted head dims (DmmaGeometry.vector), 0.84-1.01x the 8-byte loads' speed; three K / V
+# stages with the next tile's S before this tile's softmax (stages=3), 0.87-1.0x.
 
 
 def main():

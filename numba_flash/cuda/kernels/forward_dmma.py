@@ -35,8 +35,8 @@ from typing import NamedTuple
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (cp_async_wait_1, cp_async_wait_all, mma_f64_k16, mma_f64_k16_884,
-                          shared_view, shfl_xor)
+from ..primitives import (cp_async_wait_all, mma_f64_k16, mma_f64_k16_884, shared_view,
+                          shfl_xor)
 from ..primitives.base import inlined
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
@@ -154,14 +154,6 @@ def row_sum(x):
 
 
 @inlined
-def kv_stage(dyn, q_words, stage, block_n, k_row, v_row):
-    """Shared K and V tiles of K / V buffer ``stage`` (after Q's ``q_words`` doubles)."""
-    base = q_words + stage * block_n * (k_row + v_row)
-    return (shared_view(dyn, base, block_n, k_row),
-            shared_view(dyn, base + block_n * k_row, block_n, v_row))
-
-
-@inlined
 def softmax_step(s, o, m0, m1, l0, l1, k0, qpos0, t, seqlen_k, scale, cap_in, cap_out,
                  window_left, window_right, sinks, has_softcap, has_left, has_right, has_sinks,
                  n_tiles, d_tiles):
@@ -218,6 +210,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
     NS, KP = BN // 8, BN // 16           # n-tiles of S; k-steps of P V
     DK, DV = D + _PAD_K, D + _PAD_V      # shared row lengths (doubles)
     Q_WORDS = BM * DK if Q_SMEM else 0
+    STAGE_WORDS = BN * (DK + DV)
     CPR = D // 2                         # 16-byte copies per K / V row
     COPIES = BN * CPR // NT              # per thread and tile, for K and again for V
     if BN % 16 or (BN * CPR) % NT:
@@ -241,7 +234,6 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
         qs = shared_view(dyn, 0, BM if Q_SMEM else 1, DK)
         qf = cuda.local.array(QN, f64)
         s = cuda.local.array(SN, f64)
-        s2 = cuda.local.array(SN if STAGES == 3 else 1, f64)
         o = cuda.local.array(ON, f64)
         row0 = qtile * BM + warp * 16 + g
         shift = seqlen_k - seqlen_q
@@ -262,60 +254,25 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             q_lo, q_hi, seqlen_k, BN, has_left, has_right, has_sinks, window_left, window_right,
             sinks)
         tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
-        # STAGES 3: the key walk in three K / V buffers. Tile j's scores ``s`` are ready when
-        # its softmax starts and tile j + 1's (``s2``) are issued before it, so the tensor
-        # cores work while the softmax runs; one barrier per tile (tile j + 1 landed, every
-        # warp done with tile j - 1's buffer, which takes tile j + 2).
-        nxt = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
-        if STAGES == 3 and tile <= last:
-            ks, vs = kv_stage(dyn, Q_WORDS, 0, BN, DK, DV)
-            copy_kv_tile(ks, vs, k, v, b, hk, tile * BN, seqlen_k, tid, NT, COPIES, CPR, 2)
-            if nxt <= last:
-                ks2, vs2 = kv_stage(dyn, Q_WORDS, 1, BN, DK, DV)
-                copy_kv_tile(ks2, vs2, k, v, b, hk, nxt * BN, seqlen_k, tid, NT, COPIES, CPR,
-                             2)
-                cp_async_wait_1()
-            else:
-                cp_async_wait_all()
-            cuda.syncthreads()
-            scores(s, qf, qs, ks, Q_SMEM, NATIVE, warp * 16 + g, g, t, KS, NS)
-        j = 0
-        while STAGES == 3 and tile <= last:
-            nxt2 = past_sinks(nxt + 1, tile_lo, sink_tiles, has_sinks)
-            cp_async_wait_all()
-            cuda.syncthreads()
-            if nxt <= last:
-                if nxt2 <= last:
-                    ks, vs = kv_stage(dyn, Q_WORDS, (j + 2) % 3, BN, DK, DV)
-                    copy_kv_tile(ks, vs, k, v, b, hk, nxt2 * BN, seqlen_k, tid, NT, COPIES,
-                                 CPR, 2)
-                ks, vs = kv_stage(dyn, Q_WORDS, (j + 1) % 3, BN, DK, DV)
-                scores(s2, qf, qs, ks, Q_SMEM, NATIVE, warp * 16 + g, g, t, KS, NS)
-            m0, m1, l0, l1 = softmax_step(
-                s, o, m0, m1, l0, l1, tile * BN, row0 + shift, t, seqlen_k, scale, cap_in,
-                cap_out, window_left, window_right, sinks, has_softcap, has_left, has_right,
-                has_sinks, NS, ND)
-            ks, vs = kv_stage(dyn, Q_WORDS, j, BN, DK, DV)
-            add_pv(o, s, vs, NATIVE, g, t, KP, ND)
-            for e in range(SN):
-                s[e] = s2[e]
-            tile, nxt = nxt, nxt2
-            j = j + 1 if j < 2 else 0
         if STAGES == 2 and tile <= last:
-            ks, vs = kv_stage(dyn, Q_WORDS, 0, BN, DK, DV)
-            copy_kv_tile(ks, vs, k, v, b, hk, tile * BN, seqlen_k, tid, NT, COPIES, CPR, 2)
+            copy_kv_tile(shared_view(dyn, Q_WORDS, BN, DK),
+                         shared_view(dyn, Q_WORDS + BN * DK, BN, DV), k, v, b, hk, tile * BN,
+                         seqlen_k, tid, NT, COPIES, CPR, 2)
         stage = 0
-        while STAGES < 3 and tile <= last:
+        while tile <= last:
             k0 = tile * BN
             nxt = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
-            ks, vs = kv_stage(dyn, Q_WORDS, stage, BN, DK, DV)
+            base = Q_WORDS + stage * STAGE_WORDS
+            ks = shared_view(dyn, base, BN, DK)
+            vs = shared_view(dyn, base + BN * DK, BN, DV)
             if STAGES == 2:
                 cp_async_wait_all()
                 cuda.syncthreads()       # this tile landed; every warp is done with the other
                 if nxt <= last:
-                    ks2, vs2 = kv_stage(dyn, Q_WORDS, 1 - stage, BN, DK, DV)
-                    copy_kv_tile(ks2, vs2, k, v, b, hk, nxt * BN, seqlen_k, tid, NT, COPIES,
-                                 CPR, 2)
+                    other = Q_WORDS + (1 - stage) * STAGE_WORDS
+                    copy_kv_tile(shared_view(dyn, other, BN, DK),
+                                 shared_view(dyn, other + BN * DK, BN, DV), k, v, b, hk,
+                                 nxt * BN, seqlen_k, tid, NT, COPIES, CPR, 2)
                 stage = 1 - stage
             else:
                 load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 2)
