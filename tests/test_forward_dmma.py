@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from numba_flash.cuda.launch import attention as launch
+from numba_flash.cuda.primitives import SIMULATOR
 from numba_flash_reference.attention import attention as reference
 
 from offline_sass import run_offline
@@ -50,8 +52,12 @@ def test_precision_chooses_the_kernel():
     assert "make_dmma_kernel" in name("float64", 64, "tensor_cores")
     assert "make_tf32x3_kernel" in name("float32", 96, "tensor_cores")
     for dtype in ("float32", "float64"):
-        for precision in ("auto", "ieee"):
-            assert "make_fma_kernel" in name(dtype, 64, precision)
+        assert "make_fma_kernel" in name(dtype, 64, "ieee")
+    assert "make_fma_kernel" in name("float32", 64, "auto")
+    # "auto" takes DMMA for float64 flag calls on sm_90's m16n8k16 (not in the simulator)
+    sm90 = not SIMULATOR and cuda.get_current_device().compute_capability >= (9, 0)
+    assert ("make_dmma_kernel" if sm90 else "make_fma_kernel") in name("float64", 64, "auto")
+    assert "make_fma_kernel" in name("float64", 64, "auto", mask_kind=1)
     with pytest.raises(NotImplementedError, match="head_dim 256"):
         name("float64", 256, "tensor_cores")
     with pytest.raises(NotImplementedError, match="with one of them"):

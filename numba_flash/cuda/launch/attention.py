@@ -92,14 +92,19 @@ def tile_shape(dtype_name: str, head_dim: int) -> tuple[int, int]:
 def tensor_core_kernel(dtype_name: str, head_dim: int, precision: str, mask_kind: int = NONE,
                        varlen: bool = False, has_alibi: bool = False, score_mod=None):
     """Which exact tensor-core kernel serves a float32 / float64 call: "dmma" (float64),
-    "tf32x3" (float32) for ``precision="tensor_cores"``, None for "auto" / "ieee" (the CUDA-core
+    "tf32x3" (float32) for ``precision="tensor_cores"``; for "auto", "dmma" where it applies on
+    a compute-capability 9.0+ GPU (its m16n8k16 instruction: 2-3x the CUDA-core kernel at the
+    same float64 accuracy, docs/benchmarks.md), else None; None for "ieee" (the CUDA-core
     kernel) and for 16-bit calls (always on tensor cores). NotImplementedError for a
     "tensor_cores" call those kernels do not take (validation.check_precision says so first on
     the public path)."""
-    if precision != "tensor_cores" or dtype_name not in ("float32", "float64"):
+    if dtype_name not in ("float32", "float64") or precision == "ieee":
         return None
     f64 = dtype_name == "float64"
     plain = mask_kind == NONE and not varlen and not has_alibi and score_mod is None
+    if precision == "auto":
+        native = not SIMULATOR and compute_capability(current_device_id()) >= (9, 0)
+        return "dmma" if f64 and plain and dmma_supported(head_dim) and native else None
     if not plain or not (dmma_supported(head_dim) if f64 else tf32x3_supported(head_dim)):
         raise NotImplementedError(f"precision='tensor_cores' for {dtype_name} takes head_dim "
                                   f"{'32 / 64 / 96 / 128' if f64 else '32 / 64 / 96'} without "
