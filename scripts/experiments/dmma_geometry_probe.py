@@ -2,7 +2,10 @@
 (``DmmaGeometry``: keys per tile, Q in shared memory, warps per block, K / V stages), in one
 process, against the IEEE CUDA-core kernel (max difference) and SDPA's math backend (the peer
 of issue 21). Each tiling replaces ``launch.attention.dmma_geometry`` (and the launch cache)
-for its calls; the tilings alternate within each of ``--rounds`` rounds, medians printed.
+for its calls; the tilings alternate within each of ``--rounds`` rounds, medians printed. The
+calls take the full launch path (``attention_cuda``: the plan built per call, ~0.3-0.4 ms of
+host time the GPU waits for, the same for every tiling), so times run above the public call's
+(scripts/bench_exact.py) and ratios between tilings are diluted.
 
     PYTHONPATH=scripts python scripts/experiments/dmma_geometry_probe.py [--json out.json]
 """
