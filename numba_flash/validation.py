@@ -299,8 +299,9 @@ def check_precision(precision, dtype, head_dim: int, mask, alibi_slopes, varlen,
                     score_mod) -> str:
     """``precision`` of ``numba_flash.attention``: "auto" (the default kernels), "ieee"
     (float32 / float64 products on CUDA cores) or "tensor_cores" (float64 on DMMA, float32 by
-    3xTF32: head_dim up to 128 / 96, flags only: no mask object, ALiBi, score_mod or packed
-    batch). 16-bit inputs always run on tensor cores ("ieee" is refused for them)."""
+    3xTF32: head_dim up to 128 / 96, flags only: no mask object, ALiBi or score_mod, and for
+    float32 no packed batch). 16-bit inputs always run on tensor cores ("ieee" is refused for
+    them)."""
     if not isinstance(precision, str) or precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got "
                          f"{precision!r}")
@@ -310,15 +311,17 @@ def check_precision(precision, dtype, head_dim: int, mask, alibi_slopes, varlen,
                          f"runs on tensor cores (leave precision='auto')")
     if precision != "tensor_cores" or name not in _TENSOR_CORE_MAX_HEAD_DIM:
         return precision
+    packed = None if name == "float64" else varlen       # DMMA takes packed batches
     extras = [label for label, value in (("a mask object", mask), ("alibi_slopes", alibi_slopes),
-                                         ("cu_seqlens", varlen), ("score_mod", score_mod))
+                                         ("cu_seqlens", packed), ("score_mod", score_mod))
               if value is not None]
     limit = _TENSOR_CORE_MAX_HEAD_DIM[name]
     if extras or head_dim > limit:
         got = ", ".join(extras + ([f"head_dim {head_dim}"] if head_dim > limit else []))
+        takes = "" if name == "float32" else " and cu_seqlens"
         raise NotImplementedError(f"precision='tensor_cores' for {name} takes head_dim up to "
-                                  f"{limit} and the flags (causal, window_size, sinks, softcap) "
-                                  f"only, got {got}; use precision='auto'")
+                                  f"{limit} and the flags (causal, window_size, sinks, softcap)"
+                                  f"{takes} only, got {got}; use precision='auto'")
     return precision
 
 

@@ -10,11 +10,12 @@ warp-specialised kernel's ring has stages), and the exact kernels: float32 causa
 window + sinks. With --tensor-cores, the kernels of ``precision="tensor_cores"`` instead: DMMA
 (float64, head_dim 32 / 64 / 96 / 128) and 3xTF32 (float32, 32 / 64 / 96), full, causal,
 window (9, 5) + 3 sinks, and causal at Sq=300, Sk=700 (several tiles through both K / V
-stages).
+stages); packed float64 batches with valid and poisoned cu_seqlens.
 """
 import argparse
 
 import cupy as cp
+import numpy as np
 import torch
 
 from numba_flash.cuda.launch.attention import attention_cuda
@@ -32,6 +33,23 @@ def run(dtype, d, causal, window, sinks, rng, seqlens=(77, 93), precision="auto"
                    return_lse=True, precision=precision)
 
 
+def run_packed(rng):
+    """Packed float64 batches through the DMMA kernel: valid offsets (empty, one-row and long
+    sequences) and poisoned ones (past the end, decreasing, negative), which the kernel clamps."""
+    from numba_flash.varlen import Varlen, check_varlen
+
+    for d in (64, 128):
+        lens = [70, 0, 1, 300]
+        cu = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+        q, k, v = (rng.standard_normal((int(cu[-1]), 2, d)) for _ in range(3))
+        vl = check_varlen(cu, cu, 300, 300, len(q), len(k), "cuda")
+        attention_cuda(q, k, v, softmax_scale=0.125, causal=True, return_lse=True, varlen=vl,
+                       precision="tensor_cores")
+        bad = cp.asarray(np.array([0, 10, 400, 300, -5, int(cu[-1])], np.int32))
+        attention_cuda(q, k, v, softmax_scale=0.125, causal=True, return_lse=True,
+                       varlen=Varlen(5, bad, bad, 120, 120, None, None), precision="tensor_cores")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--head-dims", default=None)
@@ -45,6 +63,7 @@ def main():
                                               (False, (9, 5), 3)):
                     run(dtype, d, causal, window, sinks, rng, precision="tensor_cores")
                 run(dtype, d, True, (-1, -1), 0, rng, (300, 700), "tensor_cores")
+        run_packed(rng)
     elif args.head_dims:
         for d in (int(x) for x in args.head_dims.split(",")):
             run("float16", d, True, (-1, -1), 0, rng)

@@ -1,5 +1,7 @@
 """The float64 DMMA forward kernel (kernels/forward_dmma.py) against the float64 reference:
-flags, GQA, odd sizes, rows past the keys, lse. Chosen by ``precision="tensor_cores"``."""
+flags, GQA, odd sizes, rows past the keys, lse, packed batches (poisoned offsets too), the small
+tiling and the eight-m8n8k4 product of GPUs before sm_90. Chosen by
+``precision="tensor_cores"``, and by "auto" for float64 on compute capability 9.0."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,6 +25,8 @@ CASES = [  # b, sq, sk, hq, hkv, d, options
     (1, 17, 23, 2, 1, 32, dict(causal=True)),
     (2, 9, 40, 2, 2, 64, dict(window_size=(5, 3), sinks=2)),
     (1, 40, 17, 1, 1, 32, dict(causal=True, softcap=2.5)),   # rows that see no key
+    (1, 5, 100, 1, 1, 32, {}),               # 4 tiles: both stages reused
+    (1, 6, 37, 1, 1, 96, dict(causal=True)),  # Q in shared memory, one stage, 3 tiles
 ]
 
 
@@ -43,6 +47,73 @@ def test_dmma_matches_reference(b, sq, sk, hq, hkv, d, kw):
     np.testing.assert_allclose(lse[fin], ref_lse[fin], rtol=1e-12, atol=1e-12)
 
 
+def _packed(rng, lens_q, lens_k, d):
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lens_q, lens_k))
+    q = rng.standard_normal((cu_q[-1], 2, d))
+    k, v = (rng.standard_normal((cu_k[-1], 1, d)) for _ in range(2))
+    return q, k, v, cu_q, cu_k
+
+
+def test_dmma_packed_batch_matches_reference():
+    """cu_seqlens through the DMMA kernel: empty, one-row and unequal sequences, causal."""
+    from numba_flash.varlen import check_varlen
+
+    rng = np.random.default_rng(6)
+    q, k, v, cu_q, cu_k = _packed(rng, [7, 0, 1, 20], [9, 3, 1, 40], 32)
+    vl = check_varlen(cu_q, cu_k, None, None, len(q), len(k), "numpy")
+    if not SIMULATOR:
+        vl = check_varlen(to_device(cu_q), to_device(cu_k), vl.max_seqlen_q, vl.max_seqlen_k,
+                          len(q), len(k), "cuda")
+    out, lse = launch.attention_cuda(*(to_device(x) for x in (q, k, v)), softmax_scale=0.2,
+                                     causal=True, return_lse=True, varlen=vl,
+                                     precision="tensor_cores")
+    want, want_lse = reference_packed(q, k, v, cu_q, cu_k)
+    np.testing.assert_allclose(to_host(out), want, rtol=0, atol=1e-12)
+    lse, fin = to_host(lse), np.isfinite(want_lse)
+    assert (np.isneginf(lse) == ~fin).all()
+    np.testing.assert_allclose(lse[fin], want_lse[fin], rtol=0, atol=1e-12)
+
+
+def reference_packed(q, k, v, cu_q, cu_k):
+    """CPU mode's packed-batch answer (causal, scale 0.2) as (out, lse)."""
+    import numba_flash
+    return numba_flash.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True,
+                                 softmax_scale=0.2, return_lse=True)
+
+
+def test_dmma_poisoned_offsets_stay_in_bounds():
+    """Offsets a GPU caller passes are not read back: the DMMA kernel clamps them as the
+    CUDA-core kernel does (the simulator checks every index); a valid sequence keeps its
+    answer, every other output row is finite."""
+    from numba_flash.varlen import Varlen
+
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((35, 2, 32)) for _ in range(3))
+    bad = to_device(np.array([0, 10, 40, 30, -5, 35], np.int32))
+    out, lse = launch.attention_cuda(*(to_device(x) for x in (q, k, v)), softmax_scale=0.2,
+                                     causal=True, return_lse=True, precision="tensor_cores",
+                                     varlen=Varlen(5, bad, bad, 12, 12, None, None))
+    out, lse = to_host(out), to_host(lse)
+    want = reference(q[None, :10], k[None, :10], v[None, :10], softmax_scale=0.2,
+                     causal=True)[0]
+    np.testing.assert_allclose(out[:10], want, rtol=0, atol=1e-12)
+    assert np.isfinite(out).all() and not np.isnan(lse).any()
+
+
+def test_small_tiling_and_m8n8k4_products(monkeypatch):
+    """What a GPU before compute capability 9.0 runs: the small tiling (2 warps, 16-key tiles,
+    within 99 KB of shared memory) and every product as eight m8n8k4 DMMAs."""
+    monkeypatch.setattr(launch, "_dmma_target", lambda: (SIMULATOR, False))
+    monkeypatch.setattr(launch, "_KERNELS", {})
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((1, 21, 2, 64))
+    k, v = (rng.standard_normal((1, 37, 1, 64)) for _ in range(2))
+    kw = dict(window_size=(9, 4), sinks=3, softmax_scale=0.125)
+    res = launch.attention_cuda(*(to_device(x) for x in (q, k, v)), precision="tensor_cores",
+                                **kw)
+    np.testing.assert_allclose(to_host(res), reference(q, k, v, **kw), rtol=0, atol=1e-12)
+
+
 def test_precision_chooses_the_kernel():
     def name(dtype, d, precision, **kw):
         kern = launch.kernel_for(dtype, d, False, True, False, False, True, precision=precision,
@@ -54,10 +125,17 @@ def test_precision_chooses_the_kernel():
     for dtype in ("float32", "float64"):
         assert "make_fma_kernel" in name(dtype, 64, "ieee")
     assert "make_fma_kernel" in name("float32", 64, "auto")
-    # "auto" takes DMMA for float64 flag calls on sm_90's m16n8k16 (not in the simulator)
-    sm90 = not SIMULATOR and cuda.get_current_device().compute_capability >= (9, 0)
-    assert ("make_dmma_kernel" if sm90 else "make_fma_kernel") in name("float64", 64, "auto")
-    assert "make_fma_kernel" in name("float64", 64, "auto", mask_kind=1)
+    # "auto" takes DMMA for float64 flag and packed calls on compute capability 9.0 (H100 /
+    # H200, where it was measured), not in the simulator
+    sm90 = not SIMULATOR and cuda.get_current_device().compute_capability == (9, 0)
+    for kw in ({}, dict(varlen=True)):
+        assert ("make_dmma_kernel" if sm90 else "make_fma_kernel") in name("float64", 64, "auto",
+                                                                           **kw)
+    for kw in (dict(mask_kind=1), dict(has_alibi=True), dict(score_mod=lambda s, b, h, i, j: s)):
+        assert "make_fma_kernel" in name("float64", 64, "auto", **kw)
+    assert "make_dmma_kernel" in name("float64", 32, "tensor_cores", varlen=True)
+    with pytest.raises(NotImplementedError, match="cu_seqlens"):
+        name("float32", 64, "tensor_cores", varlen=True)
     with pytest.raises(NotImplementedError, match="head_dim 256"):
         name("float64", 256, "tensor_cores")
     with pytest.raises(NotImplementedError, match="with one of them"):
@@ -85,4 +163,7 @@ def test_offline_sass_is_dmma_without_local_memory():
     assert len(lines) == 2, lines
     for line in lines:
         d, n_k16, n_884, n_ldl, spills = (int(x) for x in line.split())
-        assert n_k16 >= 16 and n_884 == 0 and n_ldl == 0 and spills == 0, line
+        # head_dim 64: 16 products for S and 16 for P V per 32-key tile, all unrolled; at 128
+        # ptxas keeps S's k-step loop partly rolled
+        assert (n_k16 == 32 if d == 64 else n_k16 >= 16), line
+        assert n_884 == 0 and n_ldl == 0 and spills == 0, line

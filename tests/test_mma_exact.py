@@ -25,23 +25,23 @@ def _dmma(a, b, c, d):
     d[g, 2 * t + 1] = d1
 
 
-@cuda.jit
-def _dmma_k16(a, b, c, d, native):
-    lane = cuda.threadIdx.x
-    g, t = lane >> 2, lane & 3
-    af = cuda.local.array(8, np.float64)
-    bf = cuda.local.array(4, np.float64)
-    for j in range(4):
-        af[2 * j], af[2 * j + 1] = a[g, t + 4 * j], a[g + 8, t + 4 * j]
-        bf[j] = b[t + 4 * j, g]
-    acc = (c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
-    if native:
-        acc = mma_f64_k16(af[0], af[1], af[2], af[3], af[4], af[5], af[6], af[7],
-                          bf[0], bf[1], bf[2], bf[3], *acc)
-    else:
-        acc = mma_f64_k16_884(af[0], af[1], af[2], af[3], af[4], af[5], af[6], af[7],
-                              bf[0], bf[1], bf[2], bf[3], *acc)
-    d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1] = acc
+def _dmma_k16_kernel(product):
+    """A one-warp kernel D = A B + C through ``product`` (m16n8k16 fragments)."""
+    @cuda.jit
+    def kernel(a, b, c, d):
+        lane = cuda.threadIdx.x
+        g, t = lane >> 2, lane & 3
+        af = cuda.local.array(8, np.float64)
+        bf = cuda.local.array(4, np.float64)
+        for j in range(4):
+            af[2 * j], af[2 * j + 1] = a[g, t + 4 * j], a[g + 8, t + 4 * j]
+            bf[j] = b[t + 4 * j, g]
+        acc = product(af[0], af[1], af[2], af[3], af[4], af[5], af[6], af[7],
+                      bf[0], bf[1], bf[2], bf[3],
+                      c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
+        d[g, 2 * t], d[g, 2 * t + 1], d[g + 8, 2 * t], d[g + 8, 2 * t + 1] = acc
+
+    return kernel
 
 
 @cuda.jit
@@ -79,7 +79,8 @@ def test_dmma_k16_matches_numpy(native):
     rng = np.random.default_rng(2)
     a, b, c = (rng.standard_normal(s) for s in ((16, 16), (16, 8), (16, 8)))
     d = to_device(np.full((16, 8), np.nan))
-    _dmma_k16[1, 32](to_device(a), to_device(b), to_device(c), d, native)
+    kernel = _dmma_k16_kernel(mma_f64_k16 if native else mma_f64_k16_884)
+    kernel[1, 32](to_device(a), to_device(b), to_device(c), d)
     np.testing.assert_allclose(to_host(d), a @ b + c, rtol=1e-14, atol=1e-14)
 
 

@@ -8,24 +8,27 @@ DMMA.16x8x16 on sm_90, whose float64 tensor cores run at twice an A100's rate pe
 through the shapes sm_90 added), or the same product as eight m8n8k4 DMMAs before sm_90
 (``native=False``).
 
-A warp owns 16 query rows (one m-tile), a block ``geo.warps`` warps (``dmma_geometry``). Q's A fragments
-(``a[2j + h] = Q[g + 8h, kk*16 + t + 4j]``) sit in registers up to head_dim 32 and in shared
-memory beyond (``dmma_geometry``); K and V tiles of ``BN`` keys go to dynamic shared memory by
-cp.async. Per tile: S = Q K^T (B fragment ``K[n*8 + g, kk*16 + t + 4j]``), the online softmax on
-the accumulator fragment (lane (g, t): rows g and g + 8, keys 2t, 2t + 1 of each 8-key n-tile;
-a row's 4 lanes combine by shuffles), then O = alpha O + P V straight from the registers: the
-A fragment of a 16-key k-step wants keys t + 4j of a lane's rows, the accumulator holds keys
-2t, 2t + 1, 2t + 8, 2t + 9, so P V runs over the keys in the order ``pi(t + 4j) = 2t, 2t + 1,
-2t + 8, 2t + 9`` and V's B fragment reads rows ``pi(t + 4j)`` (a sum over keys does not care
-about their order; no shared staging of P).
+A warp owns 16 query rows (one m-tile), a block ``geo.warps`` warps (``dmma_geometry``). Q's A
+fragments (``a[2j + h] = Q[g + 8h, kk*16 + t + 4j]``) sit in registers up to head_dim 32 and in
+shared memory beyond; K and V tiles of ``BN`` keys go to dynamic shared memory by cp.async (with
+two stages the next tile's copy runs during this one's products). Per tile: S = Q K^T (B
+fragment ``K[n*8 + g, kk*16 + t + 4j]``), the online softmax on the accumulator fragment (lane
+(g, t): rows g and g + 8, keys 2t, 2t + 1 of each 8-key n-tile; a row's 4 lanes combine by
+shuffles), then O = alpha O + P V straight from the registers: the A fragment of a 16-key
+k-step wants keys t + 4j of a lane's rows, the accumulator holds keys 2t, 2t + 1, 2t + 8,
+2t + 9, so P V runs over the keys in the order ``pi(t + 4j) = 2t, 2t + 1, 2t + 8, 2t + 9`` and
+V's B fragment reads rows ``pi(t + 4j)`` (a sum over keys does not care about their order; no
+shared staging of P).
 
 Shared rows are padded so that the fragment loads of a half-warp (8-byte words: 16 lanes per
 pass) touch distinct banks: K and Q by 4 doubles (rows g, columns t: word 2(g (D + 4) + t) =
 8g + 2t mod 32), V by 2 (rows 2t, columns g: 2(2t (D + 2) + g) = 8t + 2g mod 32).
 
 Kernel signature: the CUDA-core kernel's (forward_fma.make_fma_kernel), so one launch plan
-shape serves both; the mask / varlen / ALiBi arguments are never read. Grid (ceil(Sq / BM),
-B * Hq), 32 threads per warp, ``dmma_smem_bytes`` bytes of dynamic shared memory.
+shape serves both; the mask and ALiBi arguments are never read, ``cu_q`` / ``cu_k`` only by
+the packed-batch build (``varlen``). Grid (ceil(Sq / BM),
+B * Hq), ``32 geo.warps`` threads per block, ``dmma_smem_bytes`` bytes of dynamic shared
+memory.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from ..primitives import (cp_async_wait_all, mma_f64_k16, mma_f64_k16_884, share
 from ..primitives.base import inlined
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
+from .sequences import clear_unowned_rows, packed_sequence
 from .schedule import group_keys, query_tile_of_block
 from .tile_ops import copy_kv_tile, load_kv_tile, masked_score, store_q_rows
 
@@ -67,24 +71,33 @@ def dmma_supported(head_dim: int) -> bool:
     return head_dim in (32, 64, 96, 128)
 
 
-def dmma_geometry(head_dim: int) -> DmmaGeometry:
-    """The tiling at ``head_dim``, from the H200 sweep of 2026-11-28
-    (scripts/experiments/dmma_geometry_probe.py, docs/perf-notes.md): 32-key tiles in two
-    stages up to 64 (Q's fragments in registers only at 32: at 64 they spill), 16-key tiles
-    beyond; 8 warps at 128, where 4 warps' ptxas allocation spilled (the same two blocks' worth
-    of warps per multiprocessor, by registers)."""
+def dmma_geometry(head_dim: int, hopper: bool = True) -> DmmaGeometry:
+    """The tiling at ``head_dim``. ``hopper`` (compute capability 9.0: 227 KB of shared memory
+    per block): from the H200 sweep of 2026-11-28 (scripts/experiments/dmma_geometry_probe.py,
+    docs/perf-notes.md), 32-key tiles in two stages up to 64 (Q's fragments in registers only at
+    32: at 64 they spill), 16-key tiles beyond; 8 warps at 128, where 4 warps' ptxas allocation
+    spilled (the same two blocks' worth of warps per multiprocessor, by registers). Otherwise
+    16-key tiles, one stage, 2 warps: at most 67 KB, within every sm_80+ GPU's 99 KB."""
+    if not hopper:
+        return DmmaGeometry(16, head_dim > 32, 2, 1)
     if head_dim <= 64:
         return DmmaGeometry(32, head_dim > 32, 4, 2)
     return DmmaGeometry(16, True, 8 if head_dim == 128 else 4, 1)
+
+
+def _smem_words(head_dim: int, geo: DmmaGeometry) -> tuple[int, int, int, int]:
+    """Shared row lengths of Q / K and of V, Q's doubles (0 when Q sits in registers) and one
+    K / V stage's doubles, for ``head_dim`` under ``geo``."""
+    dk, dv = head_dim + _PAD_K, head_dim + _PAD_V
+    return dk, dv, (16 * geo.warps * dk if geo.q_smem else 0), geo.block_n * (dk + dv)
 
 
 def dmma_smem_bytes(head_dim: int, geo: DmmaGeometry | None = None) -> int:
     """Dynamic shared memory of the DMMA kernel at ``head_dim``: Q (when it sits there), then
     each stage's K and V tiles."""
     geo = geo or dmma_geometry(head_dim)
-    dk, dv = head_dim + _PAD_K, head_dim + _PAD_V
-    q_words = 16 * geo.warps * dk if geo.q_smem else 0
-    return 8 * (q_words + geo.stages * geo.block_n * (dk + dv))
+    _, _, q_words, stage_words = _smem_words(head_dim, geo)
+    return 8 * (q_words + geo.stages * stage_words)
 
 
 @inlined
@@ -194,56 +207,69 @@ def softmax_step(s, o, m0, m1, l0, l1, k0, qpos0, t, seqlen_k, scale, cap_in, ca
 
 def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
                      has_softcap: bool, write_lse: bool, native: bool = True,
-                     geo: DmmaGeometry | None = None):
+                     geo: DmmaGeometry | None = None, varlen: bool = False):
     """Build the float64 DMMA forward kernel for one configuration (module docstring): q, k, v,
     out float64 (B, S, H, D) any strides (rows 16-byte aligned); lse (B, Hq, Sq) float64 when
     ``write_lse``. ``native``: sm_90's m16n8k16 instruction (else eight m8n8k4 per product);
     ``geo``: the tiling (default ``dmma_geometry(head_dim)``), launched with ``16 geo.warps``
-    query rows and ``32 geo.warps`` threads per block, ``dmma_smem_bytes`` of shared memory."""
+    query rows and ``32 geo.warps`` threads per block, ``dmma_smem_bytes`` of shared memory.
+    ``varlen``: packed sequences (q / k / v / out (1, total, H, D), lse (1, Hq, total_q),
+    ``cu_q`` / ``cu_k`` int32 (B + 1,); blockIdx.y runs over B * Hq as for padded batches)."""
     D = int(head_dim)
     if not dmma_supported(D):
         raise ValueError(f"head_dim must be one of 32, 64, 96, 128 for the DMMA kernel, got {D}")
-    BN, Q_SMEM, WARPS, STAGES = geo or dmma_geometry(D)
+    geo = geo or dmma_geometry(D)
+    BN, Q_SMEM, WARPS, STAGES = geo
     BM, NT = 16 * WARPS, 32 * WARPS
     NATIVE = bool(native)
     KS, ND = D // 16, D // 8             # k-steps of Q K^T; n-tiles of the output
     NS, KP = BN // 8, BN // 16           # n-tiles of S; k-steps of P V
-    DK, DV = D + _PAD_K, D + _PAD_V      # shared row lengths (doubles)
-    Q_WORDS = BM * DK if Q_SMEM else 0
-    STAGE_WORDS = BN * (DK + DV)
+    DK, DV, Q_WORDS, STAGE_WORDS = _smem_words(D, geo)
     CPR = D // 2                         # 16-byte copies per K / V row
     COPIES = BN * CPR // NT              # per thread and tile, for K and again for V
-    if BN % 16 or (BN * CPR) % NT:
-        raise ValueError(f"the tiling {BN} keys x {NT} threads does not split head_dim {D}'s "
-                         f"copies evenly (keys per tile a multiple of 16)")
+    if BN % 16 or (BN * CPR) % NT or STAGES not in (1, 2) or WARPS < 1:
+        raise ValueError(f"the tiling {tuple(geo)} is not one the kernel takes (keys per tile a "
+                         f"multiple of 16 whose copies split evenly over the threads; 1 or 2 "
+                         f"stages)")
     QN = 1 if Q_SMEM else D // 2         # registers per lane: Q fragments, S, O
     SN, ON = 4 * NS, 4 * ND
     f64 = types.float64
-    GROUP_KEYS = group_keys(16 * D, has_right)     # the grid's order (schedule.py)
+    VARLEN = bool(varlen)
+    GROUP_KEYS = group_keys(16 * D, has_right, VARLEN)    # the grid's order (schedule.py)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
                window_left, window_right, sinks, mk_iv, mk_mm, mk_tab, mk_bits, cu_q, cu_k, alibi):
-        qtile, _, row = query_tile_of_block(seqlen_k, heads_ratio, GROUP_KEYS)
-        b = row // q.shape[2]
-        h = row % q.shape[2]
+        qtile, x, bh = query_tile_of_block(seqlen_k, heads_ratio, GROUP_KEYS)
+        b = bh // q.shape[2]
+        h = bh % q.shape[2]
         hk = h // heads_ratio
         tid = cuda.threadIdx.x
+        ab, q_off, k_off = b, 0, 0       # the arrays' batch index; the sequence's first rows
+        if VARLEN:
+            ab = 0
+            clear_unowned_rows(out, lse, cu_q, b, h, x, cuda.gridDim.x, BM, D, seqlen_q, tid,
+                               NT, NEG_INF, write_lse)
+            q_off, seqlen_q = packed_sequence(cu_q, b, q.shape[1], seqlen_q)
+            k_off, seqlen_k = packed_sequence(cu_k, b, k.shape[1], seqlen_k)
+            if qtile * BM >= seqlen_q:
+                return
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
         dyn = cuda.shared.array(0, f64)
-        qs = shared_view(dyn, 0, BM if Q_SMEM else 1, DK)
+        qs = shared_view(dyn, 0, BM if Q_SMEM else 1, DK)     # (unused when Q is in registers)
         qf = cuda.local.array(QN, f64)
         s = cuda.local.array(SN, f64)
         o = cuda.local.array(ON, f64)
         row0 = qtile * BM + warp * 16 + g
         shift = seqlen_k - seqlen_q
         if Q_SMEM:      # visible to every warp after the key loop's first barrier
-            store_q_rows(qs, q, b, h, qtile * BM, seqlen_q, tid, NT, BM, D, 0.0)
+            store_q_rows(qs, q, ab, h, q_off + qtile * BM, q_off + seqlen_q, tid, NT, BM, D,
+                         0.0)
         else:
             for i in range(D // 2):      # a[2j + h] of k-step kk: row g + 8h, column t + 4j
                 r = row0 + 8 * (i & 1)
                 c = (i >> 3) * 16 + t + 4 * ((i >> 1) & 3)
-                qf[i] = q[b, r, h, c] if r < seqlen_q else 0.0
+                qf[i] = q[ab, q_off + r, h, c] if r < seqlen_q else 0.0
         for e in range(ON):
             o[e] = 0.0
         m0 = m1 = NEG_INF
@@ -254,10 +280,11 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             q_lo, q_hi, seqlen_k, BN, has_left, has_right, has_sinks, window_left, window_right,
             sinks)
         tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
+        k_end = k_off + seqlen_k         # the copies' bound, in the arrays' rows
         if STAGES == 2 and tile <= last:
             copy_kv_tile(shared_view(dyn, Q_WORDS, BN, DK),
-                         shared_view(dyn, Q_WORDS + BN * DK, BN, DV), k, v, b, hk, tile * BN,
-                         seqlen_k, tid, NT, COPIES, CPR, 2)
+                         shared_view(dyn, Q_WORDS + BN * DK, BN, DV), k, v, ab, hk,
+                         k_off + tile * BN, k_end, tid, NT, COPIES, CPR, 2)
         stage = 0
         while tile <= last:
             k0 = tile * BN
@@ -271,11 +298,11 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
                 if nxt <= last:
                     other = Q_WORDS + (1 - stage) * STAGE_WORDS
                     copy_kv_tile(shared_view(dyn, other, BN, DK),
-                                 shared_view(dyn, other + BN * DK, BN, DV), k, v, b, hk,
-                                 nxt * BN, seqlen_k, tid, NT, COPIES, CPR, 2)
+                                 shared_view(dyn, other + BN * DK, BN, DV), k, v, ab, hk,
+                                 k_off + nxt * BN, k_end, tid, NT, COPIES, CPR, 2)
                 stage = 1 - stage
             else:
-                load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, NT, COPIES, CPR, 2)
+                load_kv_tile(ks, vs, k, v, ab, hk, k_off + k0, k_end, tid, NT, COPIES, CPR, 2)
             scores(s, qf, qs, ks, Q_SMEM, NATIVE, warp * 16 + g, g, t, KS, NS)
             m0, m1, l0, l1 = softmax_step(
                 s, o, m0, m1, l0, l1, k0, row0 + shift, t, seqlen_k, scale, cap_in, cap_out,
@@ -289,12 +316,12 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             if row < seqlen_q:
                 inv = 1.0 / l if l != 0 else 0.0     # a NaN l stays NaN (docs/api.md)
                 for n in range(ND):
-                    out[b, row, h, n * 8 + 2 * t] = o[4 * n + 2 * half] * inv
-                    out[b, row, h, n * 8 + 2 * t + 1] = o[4 * n + 2 * half + 1] * inv
+                    out[ab, q_off + row, h, n * 8 + 2 * t] = o[4 * n + 2 * half] * inv
+                    out[ab, q_off + row, h, n * 8 + 2 * t + 1] = o[4 * n + 2 * half + 1] * inv
                 if write_lse and t == 0:
                     mrow = m0 if half == 0 else m1
-                    lse[b, h, row] = mrow + math.log(l) if l != 0 else NEG_INF
+                    lse[ab, h, q_off + row] = mrow + math.log(l) if l != 0 else NEG_INF
 
     return jit_kernel(kernel, ("dmma16", D, bool(has_left), bool(has_right), bool(has_sinks),
                                bool(has_softcap), bool(write_lse), NATIVE, BN, bool(Q_SMEM),
-                               WARPS, STAGES))
+                               WARPS, STAGES, VARLEN))

@@ -62,9 +62,15 @@ def wgmma_device() -> bool:
     return compute_capability(current_device_id()) == (9, 0)
 
 
-def _sm90() -> bool:
-    """Whether the current device has sm_90's instructions (the simulator models them)."""
-    return SIMULATOR or compute_capability(current_device_id()) >= (9, 0)
+def _dmma_target() -> tuple[bool, bool]:
+    """(m16n8k16 float64 instruction, Hopper tilings) of the current device for the DMMA
+    kernel: compute capability 9.0+ has the instruction (the simulator models it); the tilings
+    of ``dmma_geometry(hopper=True)`` need 9.0's 227 KB of shared memory per block (other GPUs
+    take the small tiling, within 99 KB). The simulator runs the Hopper tilings."""
+    if SIMULATOR:
+        return True, True
+    cc = compute_capability(current_device_id())
+    return cc >= (9, 0), cc == (9, 0)
 
 
 def _wgmma(dtype_name: str, head_dim: int) -> bool:
@@ -91,25 +97,27 @@ def tile_shape(dtype_name: str, head_dim: int) -> tuple[int, int]:
 
 def tensor_core_kernel(dtype_name: str, head_dim: int, precision: str, mask_kind: int = NONE,
                        varlen: bool = False, has_alibi: bool = False, score_mod=None):
-    """Which exact tensor-core kernel serves a float32 / float64 call: "dmma" (float64),
-    "tf32x3" (float32) for ``precision="tensor_cores"``; for "auto", "dmma" where it applies on
-    a compute-capability 9.0+ GPU (its m16n8k16 instruction: 2-3x the CUDA-core kernel at the
-    same float64 accuracy, docs/benchmarks.md), else None; None for "ieee" (the CUDA-core
-    kernel) and for 16-bit calls (always on tensor cores). NotImplementedError for a
-    "tensor_cores" call those kernels do not take (validation.check_precision says so first on
-    the public path)."""
+    """Which exact tensor-core kernel serves a float32 / float64 call: "dmma" (float64: flags
+    and packed batches), "tf32x3" (float32: flags only) for ``precision="tensor_cores"``; for
+    "auto", "dmma" where it applies on a compute-capability 9.0 GPU (H100 / H200, where it was
+    measured: 2.7-3.6x the CUDA-core kernel at the same float64 accuracy, docs/benchmarks.md),
+    else None (the simulator too: its tests keep the CUDA-core kernel covered); None for "ieee" (the CUDA-core kernel) and for 16-bit calls (always on tensor
+    cores). NotImplementedError for a "tensor_cores" call those kernels do not take
+    (validation.check_precision says so first on the public path)."""
     if dtype_name not in ("float32", "float64") or precision == "ieee":
         return None
     f64 = dtype_name == "float64"
-    plain = mask_kind == NONE and not varlen and not has_alibi and score_mod is None
+    flags_only = mask_kind == NONE and not has_alibi and score_mod is None
+    takes = flags_only and (dmma_supported(head_dim) if f64 else
+                            tf32x3_supported(head_dim) and not varlen)
     if precision == "auto":
-        native = not SIMULATOR and compute_capability(current_device_id()) >= (9, 0)
-        return "dmma" if f64 and plain and dmma_supported(head_dim) and native else None
-    if not plain or not (dmma_supported(head_dim) if f64 else tf32x3_supported(head_dim)):
-        raise NotImplementedError(f"precision='tensor_cores' for {dtype_name} takes head_dim "
-                                  f"{'32 / 64 / 96 / 128' if f64 else '32 / 64 / 96'} without "
-                                  f"mask objects, alibi_slopes, score_mod or cu_seqlens; got "
-                                  f"head_dim {head_dim}" + ("" if plain else " with one of them"))
+        return "dmma" if f64 and takes and not SIMULATOR and _dmma_target()[1] else None
+    if not takes:
+        raise NotImplementedError(
+            f"precision='tensor_cores' for {dtype_name} takes head_dim "
+            f"{'32 / 64 / 96 / 128' if f64 else '32 / 64 / 96'} without mask objects, "
+            f"alibi_slopes or score_mod{'' if f64 else ' or cu_seqlens'}; got head_dim "
+            f"{head_dim}" + ("" if flags_only and (f64 or not varlen) else " with one of them"))
     return "dmma" if f64 else "tf32x3"
 
 
@@ -152,7 +160,7 @@ class KernelKey(NamedTuple):
     score_mod: Any
     dmma: bool
     tf32x3: bool
-    sm90: bool      # the DMMA kernel's m16n8k16 instruction (compute capability 9.0 or later)
+    dmma_target: tuple     # the DMMA kernel's (instruction, tilings): ``_dmma_target``
 
 
 class KernelEntry(NamedTuple):
@@ -178,17 +186,18 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
     dmma, tf32 = exact == "dmma", exact == "tf32x3"
     key = KernelKey(dtype_name, head_dim, has_left, has_right, has_sinks, has_softcap,
                     write_lse, mask_kind, varlen, has_alibi, mask_mod, wg, score_mod, dmma, tf32,
-                    dmma and _sm90())
+                    _dmma_target() if dmma else ())
     entry = _KERNELS.get(key)
     if entry is None and tf32:
         entry = _KERNELS[key] = KernelEntry(make_tf32x3_kernel(head_dim, has_left, has_right,
                                                                has_sinks, has_softcap, write_lse),
                                             *tf32x3_geometry(head_dim), 0)
     if entry is None and dmma:
-        geo = dmma_geometry(head_dim)
+        native, hopper = key.dmma_target
+        geo = dmma_geometry(head_dim, hopper)
         entry = _KERNELS[key] = KernelEntry(
             make_dmma_kernel(head_dim, has_left, has_right, has_sinks, has_softcap, write_lse,
-                             key.sm90, geo),
+                             native, geo, varlen),
             16 * geo.warps, 32 * geo.warps, dmma_smem_bytes(head_dim, geo))
     if entry is None and wg and _warp_specialised(head_dim, has_left, has_sinks, has_softcap,
                                                   mask_kind, varlen, has_alibi, mask_mod,
@@ -528,4 +537,4 @@ def _launch_simulated(kind, dtype_name, p, q, k, v, out, lse):
     args = [kernel_array(x, kind, half, p.lead) for x in (q, k, v, out)]
     grid = (-(-p.seqlen_q // block_m), p.batch * p.heads_q)
     kern[grid, threads, 0, smem](*args, lse_arg, p.seqlen_q, p.seqlen_k, p.heads_q // p.heads_kv,
-                           *(fdt(x) for x in scalars), p.left, p.right, p.sinks, *extra)
+                                 *(fdt(x) for x in scalars), p.left, p.right, p.sinks, *extra)

@@ -4,8 +4,8 @@ stand-in for Numba's CUDA simulator so that kernel source is the same on both.
 * ``base``: the simulator switch, LLVM addressing helpers for inline-PTX intrinsics, the
   simulator's per-warp exchange.
 * ``mma``: ``mma.sync.m16n8k16`` (fp16 / bf16 in, fp32 accumulate) and fp32 -> 16-bit packing.
-* ``mma_exact``: DMMA (``m16n8k16`` / ``m8n8k4`` float64) and TF32 (``m16n8k8``) products, the TF32 split of
-  the 3xTF32 scheme.
+* ``mma_exact``: DMMA (``m16n8k16`` / ``m8n8k4`` float64) and TF32 (``m16n8k8``) products, the
+  TF32 split of the 3xTF32 scheme.
 * ``ldmatrix``: 8x8 16-bit matrices from shared memory into mma fragments.
 * ``cp_async``: asynchronous global -> shared copies and their group waits.
 * ``cache_hints``: L2 evict-first policies for streamed copies.
