@@ -3,7 +3,7 @@
 process, against the IEEE CUDA-core kernel (max difference) and SDPA's math backend (the peer
 of issue 21). Each tiling replaces ``launch.attention.dmma_geometry`` (and the launch cache)
 for its calls; the tilings alternate within each of ``--rounds`` rounds, medians printed. The
-calls take the full launch path (``attention_cuda``: the plan built per call, ~0.3-0.4 ms of
+calls take the full launch path (``attention_cuda``: the plan built per call, 0.3-1.0 ms of
 host time the GPU waits for, the same for every tiling), so times run above the public call's
 (scripts/bench_exact.py) and ratios between tilings are diluted.
 
@@ -30,8 +30,35 @@ TILINGS = {       # keys per tile, Q in shared memory, warps, stages
     128: [G(16, True, 4, 1), G(16, True, 8, 1), G(16, True, 4, 2), G(32, True, 4, 1)],
 }
 # 2026-11-28 also tried (commits "experiment (lost ...)"): 16-byte Q / K fragment loads over
-# permuted head dims (DmmaGeometry.vector), 0.84-1.01x the 8-byte loads' speed; three K / V
+# permuted head dims (DmmaGeometry.vector), 0.84-1.05x the 8-byte loads' speed; three K / V
 # stages with the next tile's S before this tile's softmax (stages=3), 0.87-1.0x.
+
+
+def _time_tilings(q, k, v, causal, tilings, rounds, ieee):
+    """Per tiling: the times of ``rounds`` rounds (tilings alternating within each) and the max
+    difference from the IEEE kernel's ``ieee``; the launch module restored afterwards."""
+    d = q.shape[-1]
+    kernels = {geo: {} for geo in tilings}          # each tiling's launch cache
+    times = {geo: [] for geo in tilings}
+    diffs = {}
+    default_kernels = launch._KERNELS
+    try:
+        for r in range(rounds):
+            for geo in tilings:
+                launch._KERNELS = kernels[geo]
+                launch.dmma_geometry = lambda hd, hopper=True, geo=geo: geo
+
+                def call():
+                    return launch.attention_cuda(q, k, v, softmax_scale=d ** -0.5,
+                                                 causal=causal, precision="tensor_cores")
+
+                if r == 0:
+                    diffs[geo] = float(cp.abs(call() - ieee).max())
+                times[geo].append(time_ms(call, reps=10))
+    finally:
+        launch.dmma_geometry = dmma_geometry
+        launch._KERNELS = default_kernels
+    return times, diffs
 
 
 def main():
@@ -47,7 +74,6 @@ def main():
 
     rng = cp.random.default_rng(0)
     rows = []
-    default_kernels = launch._KERNELS
     for d in (int(x) for x in args.head_dims.split(",")):
         b, h, n = SHAPES[d]
         q, k, v = (rng.standard_normal((b, n, h, d)) for _ in range(3))
@@ -63,21 +89,7 @@ def main():
                                          precision="ieee")
             tilings = TILINGS[d] if not args.only else [
                 TILINGS[d][int(i)] for i in args.only.split(",") if int(i) < len(TILINGS[d])]
-            kernels = {geo: {} for geo in tilings}         # each tiling's launch cache
-            times = {geo: [] for geo in tilings}
-            diffs = {}
-            for r in range(args.rounds):                   # tilings alternate within a round
-                for geo in tilings:
-                    launch._KERNELS = kernels[geo]
-                    launch.dmma_geometry = lambda hd, geo=geo: geo
-
-                    def call():
-                        return launch.attention_cuda(q, k, v, softmax_scale=d ** -0.5,
-                                                     causal=causal, precision="tensor_cores")
-
-                    if r == 0:
-                        diffs[geo] = float(cp.abs(call() - ieee).max())
-                    times[geo].append(time_ms(call, reps=10))
+            times, diffs = _time_tilings(q, k, v, causal, tilings, args.rounds, ieee)
             for geo in tilings:
                 ms = statistics.median(times[geo])
                 row = dict(B=b, H=h, N=n, D=d, causal=causal, geometry=list(geo), ms=ms,
@@ -88,8 +100,6 @@ def main():
                       f"{ms:7.3f} ms ({min(times[geo]):.3f}-{max(times[geo]):.3f}) "
                       f"{row['tflops']:6.2f} TF/s  x SDPA math {row['x_sdpa']:5.2f}"
                       f"  |diff| {diffs[geo]:.1e}", flush=True)
-            launch.dmma_geometry = dmma_geometry
-            launch._KERNELS = default_kernels
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),

@@ -24,7 +24,7 @@ def main():
     if len(sys.argv) > 3:
         bn, qs, warps, stages = (int(x) for x in sys.argv[3].split(","))
         geo = DmmaGeometry(bn, bool(qs), warps, stages)
-        launch.dmma_geometry = lambda hd: geo
+        launch.dmma_geometry = lambda hd, hopper=True: geo
     b, n = (4, 2048) if d <= 64 else (2, 4096)
     rng = np.random.default_rng(0)
     q, k, v = (cp.asarray(rng.standard_normal((b, n, 16, d))) for _ in range(3))
