@@ -205,6 +205,36 @@ def softmax_step(s, o, m0, m1, l0, l1, k0, qpos0, t, seqlen_k, scale, cap_in, ca
     return n0, n1, l0 * alpha0 + row_sum(rs0), l1 * alpha1 + row_sum(rs1)
 
 
+@inlined
+def load_q_fragments(qf, q, ab, q_off, h, row0, seqlen_q, t, count):
+    """Q's A fragments of a lane into the registers ``qf`` (``count`` doubles: ``a[2j + h]`` of
+    k-step kk at ``qf[8 kk + 2j + h]``, row ``row0 + 8h``, column ``kk*16 + t + 4j`` of
+    ``q[ab, q_off + row, h, :]``; zeros past ``seqlen_q``)."""
+    for i in range(count):
+        r = row0 + 8 * (i & 1)
+        c = (i >> 3) * 16 + t + 4 * ((i >> 1) & 3)
+        qf[i] = q[ab, q_off + r, h, c] if r < seqlen_q else 0.0
+
+
+@inlined
+def store_rows(out, lse, o, m0, m1, l0, l1, ab, q_off, h, row0, seqlen_q, t, write_lse,
+               d_tiles):
+    """A lane's two output rows (``row0``, ``row0 + 8``) of ``out[ab, q_off + row, h, :]``:
+    ``o / l``, 0 for a row that saw no key (a NaN ``l`` stays NaN, docs/api.md), and with
+    ``write_lse`` ``m + log l`` (-inf for such a row) in ``lse[ab, h, q_off + row]``."""
+    for half in range(2):
+        row = row0 + 8 * half
+        l = l0 if half == 0 else l1
+        if row < seqlen_q:
+            inv = 1.0 / l if l != 0 else 0.0
+            for n in range(d_tiles):
+                out[ab, q_off + row, h, n * 8 + 2 * t] = o[4 * n + 2 * half] * inv
+                out[ab, q_off + row, h, n * 8 + 2 * t + 1] = o[4 * n + 2 * half + 1] * inv
+            if write_lse and t == 0:
+                mrow = m0 if half == 0 else m1
+                lse[ab, h, q_off + row] = mrow + math.log(l) if l != 0 else NEG_INF
+
+
 def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
                      has_softcap: bool, write_lse: bool, native: bool = True,
                      geo: DmmaGeometry | None = None, varlen: bool = False):
@@ -266,10 +296,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             store_q_rows(qs, q, ab, h, q_off + qtile * BM, q_off + seqlen_q, tid, NT, BM, D,
                          0.0)
         else:
-            for i in range(D // 2):      # a[2j + h] of k-step kk: row g + 8h, column t + 4j
-                r = row0 + 8 * (i & 1)
-                c = (i >> 3) * 16 + t + 4 * ((i >> 1) & 3)
-                qf[i] = q[ab, q_off + r, h, c] if r < seqlen_q else 0.0
+            load_q_fragments(qf, q, ab, q_off, h, row0, seqlen_q, t, D // 2)
         for e in range(ON):
             o[e] = 0.0
         m0 = m1 = NEG_INF
@@ -310,17 +337,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
                 NS, ND)
             add_pv(o, s, vs, NATIVE, g, t, KP, ND)
             tile = nxt
-        for half in range(2):
-            row = row0 + 8 * half
-            l = l0 if half == 0 else l1
-            if row < seqlen_q:
-                inv = 1.0 / l if l != 0 else 0.0     # a NaN l stays NaN (docs/api.md)
-                for n in range(ND):
-                    out[ab, q_off + row, h, n * 8 + 2 * t] = o[4 * n + 2 * half] * inv
-                    out[ab, q_off + row, h, n * 8 + 2 * t + 1] = o[4 * n + 2 * half + 1] * inv
-                if write_lse and t == 0:
-                    mrow = m0 if half == 0 else m1
-                    lse[ab, h, q_off + row] = mrow + math.log(l) if l != 0 else NEG_INF
+        store_rows(out, lse, o, m0, m1, l0, l1, ab, q_off, h, row0, seqlen_q, t, write_lse, ND)
 
     return jit_kernel(kernel, ("dmma16", D, bool(has_left), bool(has_right), bool(has_sinks),
                                bool(has_softcap), bool(write_lse), NATIVE, BN, bool(Q_SMEM),
