@@ -466,6 +466,21 @@ def test_tensor_cores_refuse_what_their_kernels_lack(dtype, d, kw, got):
         numba_flash.attention(*qkv(d=d, dtype=dtype), precision="tensor_cores", **kw)
 
 
+def test_tensor_cores_take_packed_batches_in_float64_only():
+    rng = np.random.default_rng(2)
+    cu = np.array([0, 3, 7], np.int32)
+    q, k, v = (rng.standard_normal((7, 2, 32)) for _ in range(3))
+    want = numba_flash.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    got = numba_flash.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
+                                precision="tensor_cores")
+    assert np.array_equal(got, want)            # CPU mode: float64 whatever the setting
+    with pytest.raises(NotImplementedError, match="takes head_dim up to 96 and the flags "
+                                                  r"\(causal, window_size, sinks, softcap\) "
+                                                  "only, got cu_seqlens"):
+        numba_flash.attention(*(x.astype(np.float32) for x in (q, k, v)), cu_seqlens_q=cu,
+                              cu_seqlens_k=cu, precision="tensor_cores")
+
+
 def test_precision_leaves_cpu_mode_exact():
     q, k, v = qkv(dtype=np.float64, d=32)
     expect = numba_flash.attention(q, k, v, causal=True)

@@ -47,19 +47,23 @@ def test_dmma_matches_reference(b, sq, sk, hq, hkv, d, kw):
     np.testing.assert_allclose(lse[fin], ref_lse[fin], rtol=1e-12, atol=1e-12)
 
 
-def _packed(rng, lens_q, lens_k, d):
+def _packed(rng, lens_q, lens_k, d, hq):
     cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lens_q, lens_k))
-    q = rng.standard_normal((cu_q[-1], 2, d))
+    q = rng.standard_normal((cu_q[-1], hq, d))
     k, v = (rng.standard_normal((cu_k[-1], 1, d)) for _ in range(2))
     return q, k, v, cu_q, cu_k
 
 
-def test_dmma_packed_batch_matches_reference():
-    """cu_seqlens through the DMMA kernel: empty, one-row and unequal sequences, causal."""
+@pytest.mark.parametrize("d, hq, lens_q, lens_k", [
+    (32, 2, [7, 0, 1, 20], [9, 3, 1, 40]),     # Q in registers; empty and one-row sequences
+    (64, 1, [5, 0, 1, 70], [9, 3, 1, 80]),     # Q in shared memory; a second query tile at an
+])                                             # offset; two-stage keys
+def test_dmma_packed_batch_matches_reference(d, hq, lens_q, lens_k):
+    """cu_seqlens through the DMMA kernel, causal, against CPU mode."""
     from numba_flash.varlen import check_varlen
 
     rng = np.random.default_rng(6)
-    q, k, v, cu_q, cu_k = _packed(rng, [7, 0, 1, 20], [9, 3, 1, 40], 32)
+    q, k, v, cu_q, cu_k = _packed(rng, lens_q, lens_k, d, hq)
     vl = check_varlen(cu_q, cu_k, None, None, len(q), len(k), "numpy")
     if not SIMULATOR:
         vl = check_varlen(to_device(cu_q), to_device(cu_k), vl.max_seqlen_q, vl.max_seqlen_k,
@@ -83,8 +87,9 @@ def reference_packed(q, k, v, cu_q, cu_k):
 
 def test_dmma_poisoned_offsets_stay_in_bounds():
     """Offsets a GPU caller passes are not read back: the DMMA kernel clamps them as the
-    CUDA-core kernel does (the simulator checks every index); a valid sequence keeps its
-    answer, every other output row is finite."""
+    CUDA-core kernel does (past-the-end indices fail in the simulator; negative ones would wrap
+    there, so compute-sanitizer checks the same on a GPU: scripts/sanitize_case.py
+    --tensor-cores); a valid sequence keeps its answer, every other output row is finite."""
     from numba_flash.varlen import Varlen
 
     rng = np.random.default_rng(3)
@@ -102,11 +107,27 @@ def test_dmma_poisoned_offsets_stay_in_bounds():
 
 def test_small_tiling_and_m8n8k4_products(monkeypatch):
     """What a GPU before compute capability 9.0 runs: the small tiling (2 warps, 16-key tiles,
-    within 99 KB of shared memory) and every product as eight m8n8k4 DMMAs."""
-    monkeypatch.setattr(launch, "_dmma_target", lambda: (SIMULATOR, False))
+    within 99 KB of shared memory) and every product as eight m8n8k4 DMMAs (the simulator
+    models both instructions)."""
+    from numba_flash.cuda.kernels.forward_dmma import DmmaGeometry, dmma_smem_bytes
+
+    built = []
+    factory = launch.make_dmma_kernel
+
+    def recording(*args):
+        built.append(args)
+        return factory(*args)
+
+    monkeypatch.setattr(launch, "_dmma_target", lambda: (False, False))
     monkeypatch.setattr(launch, "_KERNELS", {})
+    monkeypatch.setattr(launch, "make_dmma_kernel", recording)
+    small = DmmaGeometry(16, True, 2, 1)
+    entry = launch.kernel_for("float64", 64, True, True, True, False, False,
+                              precision="tensor_cores")
+    assert entry[1:4] == (32, 64, dmma_smem_bytes(64, small))
+    assert built[-1][6:8] == (False, small)          # native m16n8k16 off; the small tiling
     rng = np.random.default_rng(8)
-    q = rng.standard_normal((1, 21, 2, 64))
+    q = rng.standard_normal((1, 9, 1, 64))
     k, v = (rng.standard_normal((1, 37, 1, 64)) for _ in range(2))
     kw = dict(window_size=(9, 4), sinks=3, softmax_scale=0.125)
     res = launch.attention_cuda(*(to_device(x) for x in (q, k, v)), precision="tensor_cores",

@@ -101,8 +101,9 @@ def tensor_core_kernel(dtype_name: str, head_dim: int, precision: str, mask_kind
     and packed batches), "tf32x3" (float32: flags only) for ``precision="tensor_cores"``; for
     "auto", "dmma" where it applies on a compute-capability 9.0 GPU (H100 / H200, where it was
     measured: 2.7-3.6x the CUDA-core kernel at the same float64 accuracy, docs/benchmarks.md),
-    else None (the simulator too: its tests keep the CUDA-core kernel covered); None for "ieee" (the CUDA-core kernel) and for 16-bit calls (always on tensor
-    cores). NotImplementedError for a "tensor_cores" call those kernels do not take
+    else None (the simulator too: its tests keep the CUDA-core kernel covered); None for
+    "ieee" (the CUDA-core kernel) and for 16-bit calls (always on tensor cores).
+    NotImplementedError for a "tensor_cores" call those kernels do not take
     (validation.check_precision says so first on the public path)."""
     if dtype_name not in ("float32", "float64") or precision == "ieee":
         return None
