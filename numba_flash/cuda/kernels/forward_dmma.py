@@ -38,14 +38,14 @@ from typing import NamedTuple
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (cp_async_wait_all, mma_f64_k16, mma_f64_k16_884, shared_view,
-                          shfl_xor)
+from ..primitives import cp_async_wait_all, mma_f64_k16, mma_f64_k16_884, shared_view
 from ..primitives.base import inlined
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
 from .sequences import clear_unowned_rows, packed_sequence
 from .schedule import group_keys, query_tile_of_block
-from .tile_ops import copy_kv_tile, load_kv_tile, masked_score, store_q_rows
+from .tile_ops import (copy_kv_tile, load_kv_tile, masked_score, row_max, row_sum,
+                       store_q_rows)
 
 __all__ = ["make_dmma_kernel", "dmma_supported", "dmma_geometry", "dmma_smem_bytes",
            "DmmaGeometry"]
@@ -153,17 +153,11 @@ def add_pv(o, s, vs, native, g, t, k_steps, n_tiles):
 
 
 @inlined
-def row_max(x):
-    """Max over the 4 lanes of a row (lanes 4g .. 4g + 3)."""
-    x = max(x, shfl_xor(x, 1))
-    return max(x, shfl_xor(x, 2))
-
-
-@inlined
-def row_sum(x):
-    """Sum over the 4 lanes of a row."""
-    x += shfl_xor(x, 1)
-    return x + shfl_xor(x, 2)
+def kv_stage(dyn, q_words, stage, block_n, k_row, v_row):
+    """Shared K and V tiles of K / V buffer ``stage`` (after Q's ``q_words`` doubles)."""
+    base = q_words + stage * block_n * (k_row + v_row)
+    return (shared_view(dyn, base, block_n, k_row),
+            shared_view(dyn, base + block_n * k_row, block_n, v_row))
 
 
 @inlined
@@ -254,7 +248,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
     NATIVE = bool(native)
     KS, ND = D // 16, D // 8             # k-steps of Q K^T; n-tiles of the output
     NS, KP = BN // 8, BN // 16           # n-tiles of S; k-steps of P V
-    DK, DV, Q_WORDS, STAGE_WORDS = _smem_words(D, geo)
+    DK, DV, Q_WORDS, _ = _smem_words(D, geo)
     CPR = D // 2                         # 16-byte copies per K / V row
     COPIES = BN * CPR // NT              # per thread and tile, for K and again for V
     if BN % 16 or (BN * CPR) % NT or STAGES not in (1, 2) or WARPS < 1:
@@ -309,24 +303,20 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
         tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
         k_end = k_off + seqlen_k         # the copies' bound, in the arrays' rows
         if STAGES == 2 and tile <= last:
-            copy_kv_tile(shared_view(dyn, Q_WORDS, BN, DK),
-                         shared_view(dyn, Q_WORDS + BN * DK, BN, DV), k, v, ab, hk,
-                         k_off + tile * BN, k_end, tid, NT, COPIES, CPR, 2)
+            ks, vs = kv_stage(dyn, Q_WORDS, 0, BN, DK, DV)
+            copy_kv_tile(ks, vs, k, v, ab, hk, k_off + tile * BN, k_end, tid, NT, COPIES, CPR, 2)
         stage = 0
         while tile <= last:
             k0 = tile * BN
             nxt = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
-            base = Q_WORDS + stage * STAGE_WORDS
-            ks = shared_view(dyn, base, BN, DK)
-            vs = shared_view(dyn, base + BN * DK, BN, DV)
+            ks, vs = kv_stage(dyn, Q_WORDS, stage, BN, DK, DV)
             if STAGES == 2:
                 cp_async_wait_all()
                 cuda.syncthreads()       # this tile landed; every warp is done with the other
                 if nxt <= last:
-                    other = Q_WORDS + (1 - stage) * STAGE_WORDS
-                    copy_kv_tile(shared_view(dyn, other, BN, DK),
-                                 shared_view(dyn, other + BN * DK, BN, DV), k, v, ab, hk,
-                                 k_off + nxt * BN, k_end, tid, NT, COPIES, CPR, 2)
+                    ks2, vs2 = kv_stage(dyn, Q_WORDS, 1 - stage, BN, DK, DV)
+                    copy_kv_tile(ks2, vs2, k, v, ab, hk, k_off + nxt * BN, k_end, tid, NT,
+                                 COPIES, CPR, 2)
                 stage = 1 - stage
             else:
                 load_kv_tile(ks, vs, k, v, ab, hk, k_off + k0, k_end, tid, NT, COPIES, CPR, 2)

@@ -1,6 +1,7 @@
 """Tile operations shared by the exact-precision tensor-core kernels (forward_dmma.py,
-forward_tf32x3.py): the block's cooperative K / V tile copy and the flags' per-pair visibility
-with the score transform. Module-level device functions called with compile-time flags, so a
+forward_tf32x3.py): the block's cooperative K / V tile copy and Q tile store, the flags'
+per-pair visibility with the score transform, and the 4-lane row reductions of an mma
+accumulator. Module-level device functions called with compile-time flags, so a
 kernel's closure holds constants only (the disk cache hashes it; kernels/jitcache.py)."""
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import math
 
 from numba import cuda
 
-from ..primitives import cp_async16, cp_async_commit, cp_async_wait_all
+from ..primitives import cp_async16, cp_async_commit, cp_async_wait_all, shfl_xor
 from ..primitives.base import inlined
 
-__all__ = ["copy_kv_tile", "load_kv_tile", "masked_score", "store_q_rows", "window_visible"]
+__all__ = ["copy_kv_tile", "load_kv_tile", "masked_score", "row_max", "row_sum",
+           "store_q_rows", "window_visible"]
 
 
 @inlined
@@ -81,3 +83,17 @@ def masked_score(x, key, qpos, seqlen_k, scale, cap_in, cap_out, has_softcap, ha
     in_window = window_visible(key, qpos, window_left, window_right, sinks, has_left, has_right,
                                has_sinks)
     return x if visible and in_window else neg_inf
+
+
+@inlined
+def row_max(x):
+    """Max over the 4 lanes of an mma accumulator row (lanes 4g .. 4g + 3)."""
+    x = max(x, shfl_xor(x, 1))
+    return max(x, shfl_xor(x, 2))
+
+
+@inlined
+def row_sum(x):
+    """Sum over the 4 lanes of an mma accumulator row."""
+    x += shfl_xor(x, 1)
+    return x + shfl_xor(x, 2)
