@@ -5,8 +5,10 @@ CPU mode (NumPy arrays) computes the exact gradients in float64 with the dense r
 (``numba_flash_reference.backward.attention_backward_reference``, chunked over query rows), which
 recomputes P and O from q, k, v (the caller's out and lse are checked, not read: float16 out and
 float32 lse would add their rounding to the answer every backend is measured against), then
-rounds each gradient once to the input dtype. GPU arrays go to ``backward_cuda`` (one spot,
-``_load_backward_cuda``), which does not exist yet.
+rounds each gradient once to the input dtype. GPU arrays go to ``backward_cuda``
+(launch/backward.py, loaded by ``_load_backward_cuda``); a later call of the same signature
+replays the launches the first one recorded, without validating again
+(launch/backward_fast.py).
 """
 from __future__ import annotations
 
@@ -21,14 +23,21 @@ __all__ = ["attention_backward"]
 _CUDA_BACKWARD_MISSING = ("attention_backward on GPU arrays: the CUDA backward kernels are not "
                           "built yet; NumPy arrays run in CPU mode (exact float64 gradients)")
 _LSE_DTYPES = ("float32", "float64")
+_FAST = [None]          # the runtime's repeated-call path, once the runtime is loaded
 
 
 def _load_backward_cuda():
     """The CUDA entry point ``<this package>.cuda.launch.backward.backward_cuda(dout, q, k, v,
-    out, lse, *, problem, deterministic, stream) -> (dq, dk, dv)``, imported on first use;
-    NotImplementedError while it is missing."""
-    return load_cuda_entry(f"{__package__}.cuda.launch.backward", "backward_cuda",
-                           _CUDA_BACKWARD_MISSING)
+    out, lse, *, problem, deterministic, stream, fast) -> (dq, dk, dv)``, imported on first
+    use (with it the repeated-call path, launch/backward_fast.py); NotImplementedError while it
+    is missing."""
+    entry = load_cuda_entry(f"{__package__}.cuda.launch.backward", "backward_cuda",
+                            _CUDA_BACKWARD_MISSING)
+    if _FAST[0] is None:
+        from .cuda.launch.backward_fast import backward_fast
+
+        _FAST[0] = backward_fast
+    return entry
 
 
 def _check_saved(problem, infos: dict) -> None:
@@ -159,6 +168,18 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
         raise NotImplementedError("attention_backward does not support score_mod yet: its "
                                   "gradient needs the derivative of the user's function; use "
                                   "softcap / alibi_slopes / masks, which have exact gradients")
+    fast, signature = _FAST[0], None
+    if fast is not None and backend != "cpu" and stream is None:
+        # Same signature as an earlier GPU call (arrays' geometry, every keyword): its
+        # recorded launches, without validating again (validation depends on nothing else).
+        extras = (cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+        grads, signature = fast(dout, q, k, v, out, lse, (
+            softmax_scale, causal, window_size, sinks, mask, softcap, alibi_slopes,
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic, backend),
+            extras, (mask,))
+        if grads is not None:
+            return grads
+        signature = signature and signature + (extras,)
     problem = validate(q, k, v, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, sinks=sinks, mask=mask, softcap=softcap,
                        backend=backend, stream=stream, alibi_slopes=alibi_slopes,
@@ -182,4 +203,4 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
         return _backward_cpu(dout, q, k, v, problem)
     backward_cuda = _load_backward_cuda()
     return backward_cuda(dout, q, k, v, out, lse, problem=problem, deterministic=deterministic,
-                         stream=stream)
+                         stream=stream, fast=signature)

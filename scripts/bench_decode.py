@@ -10,6 +10,7 @@ and bfloat16; contiguous caches and paged ones (page sizes 16 and 64, shuffled b
         [--tiles "32,2,1;16,3,1;48,2,1,0"]   # tensor-core tiles (bn, stages, warps[, hint])
                     # x num_splits around each one's auto choice, float16, run before the table;
                     # hint 0/1 forces the evict-first L2 hint off/on (default: the runtime's)
+        [--extra-shape 1,64,8,32768,64]   # appended to SHAPES (index 5, 6, ...)
         [--tile-shapes 3] [--tile-splits 8,12,16] [--tile-wps 2,3,4] [--tile-pages none,16]
                     # restrict the tile sweep; [--no-table] runs the tile sweep only
         [--shapes 3,0]      # table rows for these SHAPES indices only
@@ -135,6 +136,9 @@ def main():
                     help="tensor-core tiles 'bn,stages,warps[,hint];...' to sweep (with "
                          "num_splits) on float16 cases; hint 0/1 forces the L2 evict-first hint")
     ap.add_argument("--tile-shapes", default="", help="indices into SHAPES for the tile sweep")
+    ap.add_argument("--extra-shape", action="append", default=[],
+                    help="B,Hq,Hkv,L,D appended to SHAPES (index 5, 6, ...), e.g. for "
+                         "--tile-shapes 5")
     ap.add_argument("--tile-splits", default="", help="split counts for the tile sweep")
     ap.add_argument("--tile-wps", default="",
                     help="warps per multiprocessor for the tile sweep's split counts, e.g. 2,3,4,6")
@@ -147,6 +151,7 @@ def main():
                     help="run one small paged decode (splits, tree mask) and exit: for "
                          "compute-sanitizer")
     args = ap.parse_args()
+    SHAPES.extend(tuple(int(x) for x in spec.split(",")) for spec in args.extra_shape)
     _imports()
     if args.sanitize_case:
         from numba_flash import masks
@@ -260,7 +265,7 @@ def tile_sweep(args, copy_bw, save, out):
                         fn = lambda: numba_flash.decode(q, k, v, cache_seqlens=lens,
                                                         block_table=table, num_splits=s)
                         t = gpu_time_ms(fn, rounds=3, spin=SPIN_CYCLES // 3)
-                        out.append(dict(B=b, Hq=hq, Hkv=hkv, L=L, page=page, tile=spec,
+                        out.append(dict(B=b, Hq=hq, Hkv=hkv, L=L, D=d, page=page, tile=spec,
                                         splits=s, auto=s == auto, ms=t,
                                         pct_copy=100 * kv_bytes / t / 1e6 / copy_bw,
                                         plan_tile=dec.LAST_PLAN.get("tile")))

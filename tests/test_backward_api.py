@@ -140,8 +140,8 @@ def _gpu_call():
 def test_gpu_arrays_reach_backward_cuda(monkeypatch):
     seen = {}
 
-    def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic, stream):
-        seen.update(problem=problem, deterministic=deterministic, stream=stream)
+    def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic, stream, fast):
+        seen.update(problem=problem, deterministic=deterministic, stream=stream, fast=fast)
         return "dq", "dk", "dv"
 
     fake = types.ModuleType("numba_flash.cuda.launch.backward")
@@ -151,4 +151,5 @@ def test_gpu_arrays_reach_backward_cuda(monkeypatch):
                                          stream=7)
     assert got == ("dq", "dk", "dv")
     assert seen["deterministic"] is True and seen["stream"] == 7
+    assert seen["fast"] is None         # an explicit stream: never recorded
     assert seen["problem"].causal and seen["problem"].backend == "cuda"

@@ -180,6 +180,14 @@ def test_merge_tail_reduction_depths(d, hq, splits):
                  num_splits=splits)
 
 
+def test_merge_gathers_splits_in_batches():
+    """8 rows (one lane group per row gathers every split) over 11 splits: the gather loads 8
+    splits at head_dim 32, so a second, partial batch follows; the 3-key sequence leaves most
+    of its splits empty (lse -inf) inside a batch."""
+    check_decode(np.random.default_rng(13), "float16", 2, 1, 8, 1, 32, 90, [90, 3],
+                 num_splits=11)
+
+
 def test_splits_with_empty_and_one_key_sequences():
     """Every split of a length-0 sequence is empty (lse -inf); the merge must give 0 / -inf."""
     check_decode(np.random.default_rng(12), "float16", 3, 1, 2, 1, 32, 40, [37, 0, 1],

@@ -327,7 +327,7 @@ def test_varlen_outputs_need_no_fill_before_the_launch(recorder, monkeypatch):
 
     out, lse = runtime.attention_cuda(q, k, v, softmax_scale=0.125, causal=True,
                                       return_lse=True, stream=55, varlen=varlen,
-                                      fast=(key, (cu_q, cu_k)))
+                                      fast=(key, (cu_q, cu_k), (None, None)))
     check(out, lse, 55)
     call = runtime._FAST_CALLS.pop(key)
     out, lse = call.run((q, k, v), (cu_q, cu_k), (None, None), 66)     # an explicit stream

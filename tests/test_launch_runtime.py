@@ -135,3 +135,26 @@ def test_checked_call_never_takes_the_repeated_path():
     with pytest.raises(ValueError, match="cu_seqlens_q must be non-decreasing"):
         numba_flash.attention(q, q, q, cu_seqlens_q=bad, cu_seqlens_k=bad, check_inputs=True,
                               **kw)
+
+
+@pytest.mark.parametrize("mask, flags", [(masks.causal(), dict(causal=True)),
+                                         (masks.sliding_window(20, 0),
+                                          dict(window_size=(20, 0)))])
+def test_folded_mask_calls_take_the_repeated_path(mask, flags, monkeypatch):
+    """Validation folds ``masks.causal()`` / ``masks.sliding_window`` into the flags; the
+    plan recorded for such a call is guarded by the caller's mask object, so the next call
+    with that object skips validation (it once missed every time: ~0.45 ms of host time per
+    call, docs/benchmarks.md) and gives the flags' bits."""
+    torch = _torch()
+    from numba_flash import api
+
+    q, k, v = (torch.randn(1, 70, 2, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    for _ in range(2):
+        first = numba_flash.attention(q, k, v, mask=mask)
+    validated = []
+    real = api.validate
+    monkeypatch.setattr(api, "validate", lambda *a, **kw: validated.append(1) or real(*a, **kw))
+    again = numba_flash.attention(q, k, v, mask=mask)
+    assert validated == []
+    assert torch.equal(again, first)
+    assert torch.equal(first, numba_flash.attention(q, k, v, **flags))

@@ -574,54 +574,56 @@ def arrive(counters, b, lane):
 
 
 @inlined
-def load_partial(x, o_part, lse_part, sp, b, hh, sq, t, ndtiles):
+def load_partial(x, base, o_part, lse_part, sp, b, hh, sq, t, ndtiles):
     """Split ``sp``'s partial state of row (query ``sq``, head ``hh``): this lane's output
-    pairs into ``x`` (8-byte loads), its lse returned."""
+    pairs into ``x[base:]`` (8-byte loads), its lse returned."""
     la = lse_part[sp, b, hh, sq]
     for dn in range(ndtiles):
         x0, x1 = ld2(o_part, sp, b, sq, hh, dn * 8 + 2 * t)
-        x[2 * dn] = x0
-        x[2 * dn + 1] = x1
+        x[base + 2 * dn] = x0
+        x[base + 2 * dn + 1] = x1
     return la
 
 
 @inlined
-def gather_splits(macc, xa, xb, o_part, lse_part, live, b, hh, sq, t, j, n_groups, n_splits,
-                  ndtiles, mf):
-    """This lane group's share of a row's merge: splits ``j, j + n_groups, ...``, two per
-    iteration with all their loads issued together, combined into ``macc`` (``mf`` values)
-    under a running maximum. Every split, this warp's own included, is read back from memory,
-    so the summation order does not depend on which warp arrives last (bitwise reproducible
-    results). Returns (m, tot): the group's maximum lse and its sum of weights."""
+def gather_splits(macc, xs, lsv, o_part, lse_part, live, b, hh, sq, t, j, n_groups, n_splits,
+                  ndtiles, mf, batch):
+    """This lane group's share of a row's merge: splits ``j, j + n_groups, ...``, ``batch``
+    per iteration with all their loads issued together (the tail is bound by the latency of
+    these L2 reads: 66 splits of 8 rows took ~10 us two at a time), combined into ``macc``
+    (``mf`` values) under a running maximum. Every split, this warp's own included, is read
+    back from memory, so the summation order does not depend on which warp arrives last
+    (bitwise reproducible results). Returns (m, tot): the group's maximum lse and its sum of
+    weights."""
     m = np.float32(-math.inf)
     tot = np.float32(0.0)
     for e in range(mf):
         macc[e] = np.float32(0.0)
     if live:
-        # A skipped split (la or lb -inf, weight exp2(-inf) = 0) leaves xa / xb as they were:
-        # zeros or an earlier split's (finite) values.
-        for e in range(mf):
-            xa[e] = np.float32(0.0)
-            xb[e] = np.float32(0.0)
-        for sp in range(j, n_splits, 2 * n_groups):
-            spb = sp + n_groups
-            oka = True
-            okb = spb < n_splits
-            la = np.float32(-math.inf)
-            lb = np.float32(-math.inf)
-            if oka:
-                la = load_partial(xa, o_part, lse_part, sp, b, hh, sq, t, ndtiles)
-            if okb:
-                lb = load_partial(xb, o_part, lse_part, spb, b, hh, sq, t, ndtiles)
-            mn = max(m, max(la, lb))
+        # A split past the end (lse -inf, weight exp2(-inf) = 0) leaves its slot of xs as it
+        # was: zeros or an earlier split's values.
+        for e in range(batch * mf):
+            xs[e] = np.float32(0.0)
+        for sp0 in range(j, n_splits, batch * n_groups):
+            mn = m
+            for u in range(batch):
+                sp = sp0 + u * n_groups
+                la = np.float32(-math.inf)
+                if sp < n_splits:
+                    la = load_partial(xs, u * mf, o_part, lse_part, sp, b, hh, sq, t, ndtiles)
+                lsv[u] = la
+                mn = max(mn, la)
             mu = mn if mn != -math.inf else np.float32(0.0)
             sc = exp2((m - mu) * np.float32(LOG2E))
-            wa = exp2((la - mu) * np.float32(LOG2E))
-            wb = exp2((lb - mu) * np.float32(LOG2E))
             m = mn
-            tot = tot * sc + wa + wb
+            tot = tot * sc
             for e in range(mf):
-                macc[e] = macc[e] * sc + wa * xa[e] + wb * xb[e]
+                macc[e] = macc[e] * sc
+            for u in range(batch):
+                w = exp2((lsv[u] - mu) * np.float32(LOG2E))
+                tot = tot + w
+                for e in range(mf):
+                    macc[e] = macc[e] + w * xs[u * mf + e]
     return m, tot
 
 
@@ -693,16 +695,16 @@ def write_merged(out, lse, macc, j, ls, off, tot, mu, b, sq, hh, t, write_lse, b
 
 
 @inlined
-def merge_row(out, lse, o_part, lse_part, macc, xa, xb, live, b, hh, sq, t, j, n_groups, lg, ls,
-              mbase, n_splits, write_lse, bf16, ndtiles, mf, rs, nr):
+def merge_row(out, lse, o_part, lse_part, macc, xs, lsv, live, b, hh, sq, t, j, n_groups, lg, ls,
+              mbase, n_splits, write_lse, bf16, ndtiles, mf, rs, nr, batch):
     """Merge the splits' partial states of one row (query ``sq``, head ``hh``; the layout of
     ``merge_layout``) into the output: each lane group gathers its splits, the groups combine,
     a reduce-scatter of the ``mf`` sums (mf/2 + mf/4 + mf/8 shuffles at ``rs`` = 3, each lane
     then keeping mf/8 of the row's columns) lets every lane of the row write output. Past
     ``rs`` levels the groups hold copies, and only those with the remaining j bits clear
     write."""
-    m, tot = gather_splits(macc, xa, xb, o_part, lse_part, live, b, hh, sq, t, j, n_groups,
-                           n_splits, ndtiles, mf)
+    m, tot = gather_splits(macc, xs, lsv, o_part, lse_part, live, b, hh, sq, t, j, n_groups,
+                           n_splits, ndtiles, mf, batch)
     mu, tot = combine_groups(macc, m, tot, lg, mbase, mf)
     off = 0
     if lg > 0:
@@ -785,6 +787,8 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     MF = 2 * ND                   # folded merge: one row's output pairs per lane
     RS = _scatter_levels(ND)      # the merge's reduce-scatter levels
     NR = MF >> RS                 # values a lane holds after RS scatter levels
+    GATHER = max(2, min(8, 128 // MF))    # splits whose partial states load at once
+    GATHER_MF = GATHER * MF
     BF16 = bool(is_bf16)
     FOLD = bool(fold) and not direct
     PDL = bool(pdl)
@@ -937,16 +941,16 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
                 syncwarp()         # lane 0's acquire precedes the reads below (see arrive)
                 # Last warp of the chunk: merge the chunk's rows, up to 8 per pass.
                 macc = cuda.local.array(MF, types.float32)
-                xa = cuda.local.array(MF, types.float32)
-                xb = cuda.local.array(MF, types.float32)
+                xs = cuda.local.array(GATHER_MF, types.float32)
+                lsv = cuda.local.array(GATHER, types.float32)
                 for ps in range(2):
                     if ps == 0 or rl > 8:
                         live = ps * 8 + slot < rl
                         sq = sqa if ps == 0 else sqb
                         hh = hha if ps == 0 else hhb
-                        merge_row(out, lse, o_part, lse_part, macc, xa, xb, live, b, hh, sq, t, j,
-                                  n_groups, lg, ls, mbase, n_splits, write_lse, BF16, ND, MF, RS,
-                                  NR)
+                        merge_row(out, lse, o_part, lse_part, macc, xs, lsv, live, b, hh, sq, t,
+                                  j, n_groups, lg, ls, mbase, n_splits, write_lse, BF16, ND, MF,
+                                  RS, NR, GATHER)
                 if lane == 0:
                     counters[cidx] = 0
 

@@ -307,9 +307,10 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
     D), k / v (total_k, Hkv, D); out the same, lse (Hq, total_q)); score_mod: the user's
     ``fn(score, b, h, q_idx, kv_idx)``; precision: "auto" / "ieee" (float32 / float64 on CUDA
     cores) or "tensor_cores" (DMMA / 3xTF32, ``tensor_core_kernel``). ``fast``: (signature,
-    extras) from ``attention_fast``'s
-    miss: the plan is recorded under the signature when the kernel reads exactly those caller
-    arrays (cu_seqlens, ALiBi slopes) as they were given.
+    extras, guards) from ``attention_fast``'s miss: the plan is recorded under the signature
+    when the kernel reads exactly those caller arrays (cu_seqlens, ALiBi slopes) as they were
+    given, guarded by the caller's mask and score_mod objects (not ``mask`` here, which is
+    None when validation folded ``masks.causal()`` or ``masks.sliding_window`` into the flags).
     """
     width = _kernel_head_dim(q.shape[-1], v.shape[-1])
     if width is not None and (array_kind(q) in _PADDABLE or v.shape[-1] != q.shape[-1]):
@@ -351,7 +352,7 @@ def attention_cuda(q, k, v, *, softmax_scale: float, causal: bool = False, windo
             if fast is not None and fast[0] is not None and _same(fast[1], _caller_extras(p)):
                 register_fast(_FAST_CALLS, fast[0], FastCall(
                     plan, kind, q, device, p.out_shape, dtype_name, p.lse_shape if
-                    p.return_lse else None, fast[1], guards=(mask, score_mod), align=15))
+                    p.return_lse else None, fast[1], guards=fast[2], align=15))
     if kind == "cai" and dtype_name == "bfloat16":
         out = BFloat16Array(out)
     return (out, lse) if p.return_lse else out
@@ -400,7 +401,8 @@ def attention_fast(q, k, v, options, extras, guards, stream):
     arrays among them as whether each is given); ``extras``: its device arrays beyond q, k, v
     in kernel order (cu_seqlens_q, cu_seqlens_k, alibi_slopes, those given), keyed by their
     geometry; ``guards``: its mask and score_mod. Returns (result, None) on a
-    hit, else (None, (signature, extras)) for ``attention_cuda`` to record the plan under.
+    hit, else (None, (signature, extras, guards)) for ``attention_cuda`` to record the plan
+    under.
     """
     call = key = None
     geometry = geometry_reader(type(q))
@@ -423,7 +425,7 @@ def attention_fast(q, k, v, options, extras, guards, stream):
         result = call.run((q, k, v), extras, guards, stream)
         if result is not None:
             return result, None
-    return None, (key, extras)
+    return None, (key, extras, guards)
 
 
 def _caller_extras(p):

@@ -30,6 +30,7 @@ from ..primitives import SIMULATOR
 from .arrays import (array_kind, check_rows_aligned, dtype_name as array_dtype, empty_like_kind,
                      fixed_param, flat_kernel_array, interface, kernel_array)
 from .attention import wgmma_device, window_flags
+from .backward_fast import Recording, record
 from .driver import (LaunchPlan, ScalarParam, compile_kernel, current_device, memset32_async,
                      raise_dynamic_smem_limit)
 from .maskplan import dummy_arrays, plan_mask
@@ -84,10 +85,15 @@ def _workspace(call, shape, zero=False):
     if call.kind == "numpy":
         return (np.zeros if zero else np.empty)(shape, call.acc_dt)
     if call.stream is None and call.kind in ("cupy", "torch"):
-        arr = empty_like_kind(call.kind, call.like, shape, np.dtype(call.acc_dt).name)
+        name = np.dtype(call.acc_dt).name
+        arr = empty_like_kind(call.kind, call.like, shape, name)
         if zero and arr.nbytes:
             memset32_async(interface(arr, call.kind)[0], 0, arr.nbytes // 4, call.handle)
+        if call.recording is not None:
+            call.recording.workspace(arr, shape, name, zero and arr.nbytes)
         return arr
+    if call.recording is not None:
+        call.recording.ok = False        # a workspace the replay could not allocate
     arr = cuda.device_array(shape, dtype=call.acc_dt, stream=call.launch_stream)
     if zero and arr.size:
         cuda.driver.device_memset(arr, 0, arr.nbytes, stream=call.launch_stream)
@@ -119,7 +125,8 @@ def _alibi_arg(alibi_slopes):
 
 def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(-1, -1),
                   sinks=0, softcap=None, deterministic=False, mask=None, alibi_slopes=None,
-                  varlen=None, stream=None, dq=None, dk=None, dv=None, tiles=None):
+                  varlen=None, stream=None, dq=None, dk=None, dv=None, tiles=None,
+                  recording=None):
     """Gradients (dq, dk, dv) of FlashAttention from the forward's out and lse.
 
     q, out, dout: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); one dtype among float16, bfloat16
@@ -134,8 +141,9 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
     its cu_seqlens, lengths at most its max_seqlen), or None. ``deterministic``: dQ by a row-parallel kernel
     instead of atomics, so results are bitwise reproducible. dq, dk, dv: optional preallocated
     outputs (same shapes / dtypes as q, k, v). ``tiles``: a geometry override (tests; see
-    ``backward_geometry``). Launches on ``stream`` (or the caller's current one) and returns
-    without synchronising.
+    ``backward_geometry``). ``recording``: a backward_fast.Recording that notes the outputs,
+    workspaces and launches for the repeated call. Launches on ``stream`` (or the caller's
+    current one) and returns without synchronising.
     """
     kind = array_kind(q)
     dtype_name = _common_dtype(q, k, v, out, dout)
@@ -152,6 +160,8 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
         for x in (dq, dk, dv):
             x[...] = 0
         return dq, dk, dv
+    if recording is not None:
+        recording.add_outputs(dq, dk, dv)
 
     left, right, *flags = window_flags(causal, window_size, sinks, softcap)
     is_f64 = not half and _FULL[dtype_name]
@@ -169,7 +179,7 @@ def backward_kernels(dout, q, k, v, out, lse, *, softmax_scale, causal=False, wi
                  batch, heads_q, seqlen_q, seqlen_k, heads_q // heads_kv, head_dim, geo,
                  tuple(flags), plan_kv.kind, (plan_kv.mask_mod, alibi_slopes is not None, lead),
                  launch_stream, 0 if SIMULATOR else raw_stream_handle(stream, kind, q), stream,
-                 q)
+                 q, recording)
     # Each array by its own kind: a bfloat16 caller may hold torch tensors and a CuPy lse.
     if half and not SIMULATOR:
         check_rows_aligned("the 16-bit backward", q=q, k=k, v=v, dout=dout)
@@ -217,6 +227,7 @@ class _Call(NamedTuple):
     handle: int              # the launch stream's raw handle (0 in the simulator)
     stream: object
     like: object
+    recording: object        # backward_fast.Recording, or None
 
     def wrap(self, x):
         """x as the kernels read it (16-bit data as uint32 words; packed: batch axis 1)."""
@@ -370,26 +381,56 @@ def _launch(call, kern, grid, threads, args, smem=0):
     if SIMULATOR:
         kern[grid, threads, call.launch_stream, smem](*args)
         return
-    params = [fixed_param(a) if hasattr(a, "__cuda_array_interface__") else
-              ScalarParam(_SCALAR_TYPES.get(type(a), types.int64), a) for a in args]
+    params, fixed, slots, sources = [], [], [], []
+    recording = call.recording
+    for a in args:
+        if not hasattr(a, "__cuda_array_interface__"):
+            params.append(ScalarParam(_SCALAR_TYPES.get(type(a), types.int64), a))
+            continue
+        param = fixed_param(a)
+        source = recording.source_of(a) if recording is not None else None
+        if source is None:
+            fixed.append(a)
+        else:       # a per-call array: its pointer is a slot the repeated call fills
+            slots.append(param.ptr)
+            sources.append(source)
+            param.ptr = None
+        params.append(param)
     cufunc = compile_kernel(kern, params)
     if smem > 48 * 1024:
         device = current_device()
         if (id(cufunc), device) not in _SMEM_RAISED:
             raise_dynamic_smem_limit(cufunc.handle, smem, device)
             _SMEM_RAISED.add((id(cufunc), device))
-    plan = LaunchPlan(cufunc, params, grid, threads, smem, keep=(args,))
-    plan.launch([], call.handle)
+    plan = LaunchPlan(cufunc, params, grid, threads, smem, keep=(fixed,))
+    plan.launch(slots, call.handle)
+    if recording is not None:
+        recording.launch(plan, sources)
 
 
-def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic=False, stream=None):
+def backward_cuda(dout, q, k, v, out, lse, *, problem, deterministic=False, stream=None,
+                  fast=None):
     """numba_flash.attention_backward on GPU arrays: ``problem`` is the validated call
     (validation.Problem). The kernels take the flags (causal, window, sinks, softcap), GQA,
     ALiBi, packed batches (cu_seqlens) and every mask object (column intervals, bitmask,
-    mask_mod; a packed batch takes a mask_mod only, as the forward)."""
-    return backward_kernels(dout, q, k, v, out, lse, softmax_scale=problem.softmax_scale,
-                            causal=problem.causal, window_size=problem.window_size,
-                            sinks=problem.sinks, softcap=problem.softcap,
-                            deterministic=deterministic, mask=problem.mask,
-                            alibi_slopes=problem.alibi_slopes, varlen=problem.varlen,
-                            stream=stream)
+    mask_mod; a packed batch takes a mask_mod only, as the forward). ``fast``: (signature,
+    guards, extras) from ``backward_fast``'s miss: the call is recorded under the signature
+    when the kernels read the caller's own cu_seqlens / ALiBi arrays (``extras``), not
+    converted copies."""
+    recording = None
+    if fast is not None and not SIMULATOR and stream is None and \
+            array_kind(q) in ("cupy", "torch"):
+        varlen = problem.varlen
+        used = (varlen.cu_q, varlen.cu_k) if varlen is not None else (None, None)
+        if all(a is b for a, b in zip(fast[2], used + (problem.alibi_slopes,))):
+            recording = Recording((dout, q, k, v, out, lse) + tuple(fast[2]))
+    grads = backward_kernels(dout, q, k, v, out, lse, softmax_scale=problem.softmax_scale,
+                             causal=problem.causal, window_size=problem.window_size,
+                             sinks=problem.sinks, softcap=problem.softcap,
+                             deterministic=deterministic, mask=problem.mask,
+                             alibi_slopes=problem.alibi_slopes, varlen=problem.varlen,
+                             stream=stream, recording=recording)
+    if recording is not None:
+        record(fast[:2], recording, array_kind(q), q, k, v, current_device(),
+               15 if array_dtype(q) in _HALF else 0)
+    return grads

@@ -1,0 +1,187 @@
+"""The backward's repeated call: a full-path call records its launches and workspaces
+(``Recording``), a later call with the same signature replays them (``BackwardFast``).
+
+A backward call launches four to six kernels (preprocess, dK / dV, the deterministic dQ
+kernel, the reductions) on views of the caller's arrays and of workspaces; the full path
+(validation, mask plans, kernel views, a launch plan per kernel) cost ~1.2 ms of host time per
+call on the H200 (docs/benchmarks.md, "Launch overhead"), ~70 times a forward call. The
+recording keeps each launch's plan with the data pointers that change per call left as
+slots, each named by its source: a caller array (dout, q, k, v, out, lse, cu_seqlens_q,
+cu_seqlens_k, alibi_slopes), an output (dq, dk, dv) or a workspace (by its order of
+allocation). Every other array argument is library-owned (placeholders, a mask's uploaded
+plan) and keeps its pointer. A replay allocates the outputs and workspaces with the caller's
+allocator on its current stream, clears the workspaces the full path clears, and launches
+the plans in order.
+
+Only calls on the caller's current stream (``stream=None``) with CuPy arrays or torch tensors
+are recorded, and only when no two per-call arrays share memory and no kernel argument points
+inside a per-call array other than at its start (a view the recording cannot name): those take
+the full path every time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .driver import memset32_async
+from .fastpath import call_key, device_reader, fast_table, pointer_of, register_fast
+
+__all__ = ["Recording", "BackwardFast", "backward_fast", "SOURCES"]
+
+SOURCES = ("dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k", "alibi_slopes",
+           "dq", "dk", "dv")
+_CALLER = 9                      # SOURCES[:9] are the caller's arrays
+_FAST_CALLS = fast_table("attention_backward")
+
+
+def _extent(x) -> tuple[int, int]:
+    """(data pointer, bytes spanned) of a device array through its CUDA array interface."""
+    cai = x.__cuda_array_interface__
+    ptr, shape = cai["data"][0], tuple(cai["shape"])
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    strides = cai.get("strides")
+    if strides is None:
+        span = itemsize * int(np.prod(shape)) if shape else itemsize
+    else:
+        span = itemsize + sum((n - 1) * abs(s) for n, s in zip(shape, strides) if n > 0)
+    return ptr, span
+
+
+class Recording:
+    """The launches and workspaces of one full-path call (see the module docstring).
+
+    ``arrays``: the call's per-call arrays in ``SOURCES`` order (None where absent)."""
+
+    def __init__(self, arrays):
+        self.ok = True
+        self.slot_of: dict = {}           # data pointer -> source index
+        self.spans: list = []             # (pointer, bytes) of every per-call array
+        self.workspaces: list = []        # (shape, dtype name, zeroed)
+        self.steps: list = []             # (launch plan, source index of each pointer slot)
+        for index, x in enumerate(arrays):
+            if x is not None:
+                self._add(index, x)
+
+    def _add(self, index, x):
+        ptr, span = _extent(x)
+        if ptr == 0 or ptr in self.slot_of:
+            self.ok = False               # empty, or sharing memory with another array
+        self.slot_of[ptr] = index
+        self.spans.append((ptr, span))
+
+    def add_outputs(self, dq, dk, dv):
+        """Note the call's outputs (sources ``dq``, ``dk``, ``dv``)."""
+        for index, x in zip(range(_CALLER, _CALLER + 3), (dq, dk, dv)):
+            self._add(index, x)
+
+    def workspace(self, arr, shape, dtype_name, zero):
+        """Note a workspace the full path allocated (its source index follows the outputs')."""
+        self.workspaces.append((tuple(shape), dtype_name, bool(zero)))
+        self._add(len(SOURCES) + len(self.workspaces) - 1, arr)
+
+    def source_of(self, arg):
+        """The source index of a kernel argument that is a per-call array, None for a
+        library-owned one; marks the recording unusable for a view inside a per-call array."""
+        ptr, _ = _extent(arg)
+        index = self.slot_of.get(ptr)
+        if index is None and any(start < ptr < start + span for start, span in self.spans):
+            self.ok = False
+        return index
+
+    def launch(self, plan, sources):
+        self.steps.append((plan, tuple(sources)))
+
+
+class BackwardFast:
+    """A recorded backward call, replayed on new arrays of the same signature."""
+
+    def __init__(self, recording, kind, q, k, v, device, guards, align):
+        self.steps, self.guards, self.device, self.align = recording.steps, guards, device, align
+        self.current_device = device_reader(type(q))
+        self.new_dq, self.new_dk, self.new_dv = (_allocator(kind, q, tuple(x.shape), q.dtype)
+                                                 for x in (q, k, v))
+        self.new_workspaces = [(_allocator(kind, q, shape, np.dtype(name)), zero)
+                               for shape, name, zero in recording.workspaces]
+        self.current_stream = _stream_reader(kind, q)
+
+    def run(self, arrays, guards):
+        """(dq, dk, dv) launched on ``arrays`` (the caller's, ``SOURCES[:9]`` order), or None
+        when this call must take the full path after all."""
+        for given, recorded in zip(guards, self.guards):
+            if given is not recorded:
+                return None
+        if self.current_device() != self.device:
+            return None
+        ptrs = [0 if x is None else pointer_of(x) for x in arrays]
+        if self.align and (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & self.align:
+            return None                   # the full path raises the alignment error
+        handle = self.current_stream()
+        outputs = (self.new_dq(), self.new_dk(), self.new_dv())
+        ptrs += [pointer_of(x) for x in outputs]
+        workspaces = []                   # alive until every launch is enqueued
+        for new, zero in self.new_workspaces:
+            arr = new()
+            workspaces.append(arr)
+            ptrs.append(pointer_of(arr))
+            if zero:
+                memset32_async(ptrs[-1], 0, arr.nbytes // 4, handle)
+        for plan, sources in self.steps:
+            plan.launch([ptrs[i] for i in sources], handle)
+        return outputs
+
+
+def _allocator(kind, like, shape, dtype):
+    """A no-argument function allocating an uninitialised C-contiguous array of ``shape`` and
+    ``dtype`` (a NumPy / torch dtype) with ``like``'s library on its device."""
+    if kind == "torch":
+        import torch
+
+        torch_dtype = dtype if isinstance(dtype, torch.dtype) else \
+            getattr(torch, np.dtype(dtype).name)
+        template = torch.empty(0, dtype=torch_dtype, device=like.device)
+        return lambda: template.new_empty(shape)
+    import cupy
+
+    return lambda: cupy.ndarray(shape, dtype)
+
+
+def _stream_reader(kind, like):
+    """The caller's current stream (raw handle) on ``like``'s device."""
+    if kind == "torch":
+        import torch
+
+        index = like.device.index
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        return (lambda: raw(index)) if raw is not None else \
+            (lambda: torch.cuda.current_stream(index).cuda_stream)
+    import cupy
+
+    return lambda: cupy.cuda.get_current_stream().ptr
+
+
+def backward_fast(dout, q, k, v, out, lse, options, extras, guards):
+    """A repeated backward call: the recording under this call's signature, replayed.
+
+    ``options``: the call's keyword values (arrays among them keyed by geometry); ``extras``:
+    (cu_seqlens_q, cu_seqlens_k, alibi_slopes), None where not given; ``guards``: its mask
+    object. Returns ((dq, dk, dv), None) on a hit, else (None, signature) for
+    ``backward_cuda`` to record under (signature None: this call cannot be recorded)."""
+    key = call_key("attention_backward", (dout, q, k, v, out, lse), options)
+    if key is None:
+        return None, None
+    try:
+        call = _FAST_CALLS.get(key)
+    except TypeError:                     # an unhashable keyword value
+        return None, None
+    if call is not None:
+        result = call.run((dout, q, k, v, out, lse) + tuple(extras), guards)
+        if result is not None:
+            return result, None
+    return None, (key, guards)
+
+
+def record(signature, recording, kind, q, k, v, device, align):
+    """Keep ``recording`` for later calls of ``signature`` (from ``backward_fast``)."""
+    if signature is not None and recording.ok and recording.steps:
+        key, guards = signature
+        register_fast(_FAST_CALLS, key, BackwardFast(recording, kind, q, k, v, device, guards,
+                                                     align))
