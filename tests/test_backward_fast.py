@@ -46,11 +46,17 @@ def test_recording_names_sources_and_keeps_library_arrays():
     assert rec.ok
 
 
-@pytest.mark.parametrize("case", ["alias", "inner view", "empty"])
+def test_recording_keeps_which_caller_arrays_share_memory():
+    arrays = caller_arrays()
+    arrays[2] = arrays[3] = arrays[1]                     # q, k, v: one tensor
+    rec = bf.Recording(arrays)
+    assert rec.ok and rec.pattern == (0, 1, 1, 1, 4, 5, 6, 6, 6)
+    assert rec.source_of(arrays[3]) == 1
+
+
+@pytest.mark.parametrize("case", ["inner view", "empty"])
 def test_recording_refuses_what_it_cannot_replay(case):
     arrays = caller_arrays()
-    if case == "alias":                     # q is k: a later call might not alias
-        arrays[2] = arrays[1]
     rec = bf.Recording(arrays)
     if case == "inner view":                # a kernel view 64 bytes into q
         rec.source_of(Device(arrays[1].ptr + 64))
@@ -95,6 +101,9 @@ def test_replay_writes_pointers_in_plan_order_and_clears_workspaces(monkeypatch)
     misaligned = list(new)
     misaligned[1] = Device(new[1].ptr + 8)
     assert fast.run(misaligned, (mask,)) is None   # the full path raises the alignment error
+    aliased = list(new)
+    aliased[2] = aliased[1]
+    assert fast.run(aliased, (mask,)) is None      # k is q, unlike the recorded call
 
 
 gpu = pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")
@@ -112,8 +121,7 @@ def _inputs(lib, b, n, hq, hkv, d, dtype="float16", seed=0):
 
 
 def _equal(a, b):
-    if type(a).__module__.startswith("torch"):
-        return bool((a == b).all())
+    """Bitwise equal (torch tensors or CuPy arrays; gradients here are finite)."""
     return bool((a == b).all())
 
 
@@ -150,35 +158,49 @@ def test_repeated_backward_skips_validation_and_matches(lib, case, monkeypatch):
     validated = []
     real = api_backward.validate
     monkeypatch.setattr(api_backward, "validate",
-                        lambda *a, **x: validated.append(1) or real(*a, **x))
+                        lambda *a, **kw2: validated.append(1) or real(*a, **kw2))
     again = numba_flash.attention_backward(dout, q, k, v, out, lse, **kw)
-    assert validated == []
+    assert validated == [], "the repeated call validated: it missed the recorded call"
     for a, b in zip(first, again):
         assert _equal(a, b)
-    # New arrays of the same signature: the replay reads them, not the recorded call's.
-    dout2 = dout * 2
-    doubled = numba_flash.attention_backward(dout2, q, k, v, out, lse, **kw)
+    # New arrays of the same signature: the replay reads them, not the recorded call's; its
+    # gradients are the full path's on them, bit for bit.
+    dout2 = dout * 2 - 1
+    replayed = numba_flash.attention_backward(dout2, q, k, v, out, lse, **kw)
     assert validated == []
-    for a, b in zip(first, doubled):
-        assert _equal(a * 2, b)
+    from numba_flash.cuda.launch.fastpath import fast_table
+
+    fast_table("attention_backward").clear()
+    full = numba_flash.attention_backward(dout2, q, k, v, out, lse, **kw)
+    assert validated == [1]
+    for a, b in zip(full, replayed):
+        assert _equal(a, b)
 
 
 @gpu
 @pytest.mark.gpu
-def test_aliased_inputs_are_not_recorded(monkeypatch):
-    """q, k and v the same tensor: the call is not recorded (a later call of the same
-    geometry might pass distinct arrays), so every such call validates."""
-    torch = pytest.importorskip("torch")
+def test_shared_memory_replays_only_alike(monkeypatch):
+    """q, k and v the same tensor: the repeated call replays; distinct q, k, v of the same
+    geometry do not match that recording, take the full path, and get its gradients."""
     from numba_flash import backward as api_backward
 
-    x, _, _, dout = _inputs("torch", 1, 40, 2, 2, 64)
+    x, k, v, dout = _inputs("torch", 1, 40, 2, 2, 64)
+    kw = dict(causal=True, deterministic=True)
     out, lse = numba_flash.attention(x, x, x, return_lse=True, causal=True)
     for _ in range(2):
-        numba_flash.attention_backward(dout, x, x, x, out, lse, causal=True, deterministic=True)
+        first = numba_flash.attention_backward(dout, x, x, x, out, lse, **kw)
     validated = []
     real = api_backward.validate
     monkeypatch.setattr(api_backward, "validate",
-                        lambda *a, **kw: validated.append(1) or real(*a, **kw))
-    numba_flash.attention_backward(dout, x, x, x, out, lse, causal=True, deterministic=True)
+                        lambda *a, **kw2: validated.append(1) or real(*a, **kw2))
+    again = numba_flash.attention_backward(dout, x, x, x, out, lse, **kw)
+    assert validated == []
+    assert all(_equal(a, b) for a, b in zip(first, again))
+    out2, lse2 = numba_flash.attention(x, k, v, return_lse=True, causal=True)
+    distinct = numba_flash.attention_backward(dout, x, k, v, out2, lse2, **kw)
     assert validated == [1]
-    del torch
+    from numba_flash.cuda.launch.fastpath import fast_table
+
+    fast_table("attention_backward").clear()
+    full = numba_flash.attention_backward(dout, x, k, v, out2, lse2, **kw)
+    assert all(_equal(a, b) for a, b in zip(full, distinct))

@@ -13,10 +13,12 @@ plan) and keeps its pointer. A replay allocates the outputs and workspaces with 
 allocator on its current stream, clears the workspaces the full path clears, and launches
 the plans in order.
 
-Only calls on the caller's current stream (``stream=None``) with CuPy arrays or torch tensors
-are recorded, and only when no two per-call arrays share memory and no kernel argument points
-inside a per-call array other than at its start (a view the recording cannot name): those take
-the full path every time.
+Caller arrays may share memory (q, k, v the same tensor; one cu_seqlens for both sides): the
+recording keeps which of them did (``pattern``), and a call whose arrays share memory
+differently takes the full path (which records it anew). Only calls on the caller's current
+stream (``stream=None``) with CuPy arrays or torch tensors are recorded, and only when no
+kernel argument points inside a per-call array other than at its start (a view the recording
+cannot name).
 """
 from __future__ import annotations
 
@@ -57,14 +59,16 @@ class Recording:
         self.spans: list = []             # (pointer, bytes) of every per-call array
         self.workspaces: list = []        # (shape, dtype name, zeroed)
         self.steps: list = []             # (launch plan, source index of each pointer slot)
+        pointers = [0 if x is None else _extent(x)[0] for x in arrays]
+        self.pattern = sharing_pattern(pointers)
         for index, x in enumerate(arrays):
-            if x is not None:
+            if x is not None and self.pattern[index] == index:
                 self._add(index, x)
 
     def _add(self, index, x):
         ptr, span = _extent(x)
         if ptr == 0 or ptr in self.slot_of:
-            self.ok = False               # empty, or sharing memory with another array
+            self.ok = False               # empty, or an output / workspace sharing memory
         self.slot_of[ptr] = index
         self.spans.append((ptr, span))
 
@@ -91,11 +95,17 @@ class Recording:
         self.steps.append((plan, tuple(sources)))
 
 
+def sharing_pattern(pointers) -> tuple:
+    """For each array (by data pointer; 0: absent) the index of the first with its pointer."""
+    return tuple(pointers.index(p) for p in pointers)
+
+
 class BackwardFast:
     """A recorded backward call, replayed on new arrays of the same signature."""
 
     def __init__(self, recording, kind, q, k, v, device, guards, align):
         self.steps, self.guards, self.device, self.align = recording.steps, guards, device, align
+        self.pattern = recording.pattern
         self.current_device = device_reader(type(q))
         self.new_dq, self.new_dk, self.new_dv = (_allocator(kind, q, tuple(x.shape), q.dtype)
                                                  for x in (q, k, v))
@@ -114,6 +124,8 @@ class BackwardFast:
         ptrs = [0 if x is None else pointer_of(x) for x in arrays]
         if self.align and (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & self.align:
             return None                   # the full path raises the alignment error
+        if sharing_pattern(ptrs) != self.pattern:
+            return None                   # arrays share memory unlike the recorded call's
         handle = self.current_stream()
         outputs = (self.new_dq(), self.new_dk(), self.new_dv())
         ptrs += [pointer_of(x) for x in outputs]
