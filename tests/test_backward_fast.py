@@ -18,14 +18,29 @@ from numba_flash.cuda.primitives import SIMULATOR
 
 
 class Device:
-    """A stand-in device array: a data pointer and a C-contiguous float32 shape."""
+    """A stand-in device array that reads as a C-contiguous float32 torch tensor."""
 
     dtype = np.float32
+    device = type("Device", (), {"index": 0})()
 
-    def __init__(self, ptr, shape=(4, 8), typestr="<f4"):
+    def __init__(self, ptr, shape=(4, 8)):
         self.ptr, self.shape, self.nbytes = ptr, shape, 4 * int(np.prod(shape))
-        self.__cuda_array_interface__ = dict(data=(ptr, False), shape=shape, typestr=typestr,
-                                             strides=None, version=3)
+
+    def data_ptr(self):
+        return self.ptr
+
+    def element_size(self):
+        return 4
+
+    def stride(self):
+        strides, acc = [], 1
+        for n in reversed(self.shape):
+            strides.insert(0, acc)
+            acc *= n
+        return tuple(strides)
+
+
+Device.__module__ = "torch.fake"
 
 
 def caller_arrays():
@@ -54,14 +69,16 @@ def test_recording_keeps_which_caller_arrays_share_memory():
     assert rec.source_of(arrays[3]) == 1
 
 
-@pytest.mark.parametrize("case", ["inner view", "empty"])
+@pytest.mark.parametrize("case", ["inner view", "empty", "host slopes"])
 def test_recording_refuses_what_it_cannot_replay(case):
     arrays = caller_arrays()
+    if case == "host slopes":               # NumPy ALiBi slopes with GPU q: no replay
+        arrays[8] = np.ones(2, np.float32)
     rec = bf.Recording(arrays)
     if case == "inner view":                # a kernel view 64 bytes into q
         rec.source_of(Device(arrays[1].ptr + 64))
     if case == "empty":
-        rec.workspace(Device(0), (0,), "float32", False)
+        rec.workspace(Device(0, (0,)), (0,), "float32", False)
     assert not rec.ok
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import array_kind, interface
 from .driver import memset32_async
 from .fastpath import call_key, device_reader, fast_table, pointer_of, register_fast
 
@@ -36,16 +37,11 @@ _FAST_CALLS = fast_table("attention_backward")
 
 
 def _extent(x) -> tuple[int, int]:
-    """(data pointer, bytes spanned) of a device array through its CUDA array interface."""
-    cai = x.__cuda_array_interface__
-    ptr, shape = cai["data"][0], tuple(cai["shape"])
-    itemsize = np.dtype(cai["typestr"]).itemsize
-    strides = cai.get("strides")
-    if strides is None:
-        span = itemsize * int(np.prod(shape)) if shape else itemsize
-    else:
-        span = itemsize + sum((n - 1) * abs(s) for n, s in zip(shape, strides) if n > 0)
-    return ptr, span
+    """(data pointer, bytes spanned; 0 when empty) of a device array (``interface``: torch
+    tensors through their attributes, as torch has no CUDA array interface for bfloat16)."""
+    ptr, shape, strides, itemsize, _ = interface(x, array_kind(x))
+    span = itemsize + sum((n - 1) * abs(st) for n, st in zip(shape, strides))
+    return ptr, span if all(shape) else 0
 
 
 class Recording:
@@ -59,6 +55,8 @@ class Recording:
         self.spans: list = []             # (pointer, bytes) of every per-call array
         self.workspaces: list = []        # (shape, dtype name, zeroed)
         self.steps: list = []             # (launch plan, source index of each pointer slot)
+        if any(x is not None and array_kind(x) not in ("cupy", "torch") for x in arrays):
+            self.ok, arrays = False, [None] * len(arrays)   # host copies, other kinds: no replay
         pointers = [0 if x is None else _extent(x)[0] for x in arrays]
         self.pattern = sharing_pattern(pointers)
         for index, x in enumerate(arrays):
