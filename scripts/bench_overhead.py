@@ -3,7 +3,8 @@
     python scripts/bench_overhead.py [--calls 200] [--rounds 7] [--json out.json]
 
 For each of issue 17's six shapes (three decode calls, three causal prefills, fp16), and for
-varlen attention, paged decode and merge_states, with torch and CuPy inputs:
+varlen attention, paged decode, merge_states and a causal backward (peer: SDPA's backward
+through autograd), with torch and CuPy inputs:
 
 * host us/call: wall time of ``calls`` back-to-back calls before synchronising, per call (what
   the Python side costs while the GPU queue absorbs the kernels; the queue is drained first);
@@ -138,7 +139,26 @@ def extra_cases(torch, cp, numba_flash):
     merge["sdpa"] = torch_merge
     return [("varlen causal 3 seqs (512, 16, 128)", var),
             ("paged decode (4, 32, 8, 2000, 128), 16-row pages", paged),
-            ("merge_states 4 states (8, 1, 32, 128)", merge)]
+            ("merge_states 4 states (8, 1, 32, 128)", merge),
+            ("backward causal (1, 16, 512, 128)", backward_case(torch, cp, numba_flash))]
+
+
+def backward_case(torch, cp, numba_flash):
+    """attention_backward of a causal call (from the forward's out and lse), and SDPA's
+    backward of the same call through autograd (its graph kept, so each call runs only the
+    backward)."""
+    import torch.nn.functional as F
+
+    q, k, v, dout = (torch.randn(1, 512, 16, 128, device="cuda", dtype=torch.float16)
+                     for _ in range(4))
+    out, lse = numba_flash.attention(q, k, v, causal=True, return_lse=True)
+    qc, kc, vc, dc, oc, lc = (cp.asarray(x) for x in (q, k, v, dout, out, lse))
+    leaves = [x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v)]
+    sdpa_out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    grad_out = dout.transpose(1, 2)
+    return {"torch": lambda: numba_flash.attention_backward(dout, q, k, v, out, lse, causal=True),
+            "cupy": lambda: numba_flash.attention_backward(dc, qc, kc, vc, oc, lc, causal=True),
+            "sdpa": lambda: torch.autograd.grad(sdpa_out, leaves, grad_out, retain_graph=True)}
 
 
 def main():
@@ -158,7 +178,7 @@ def main():
     for name, fns in cases(torch, cp):
         times = interleaved_times(fns, sync, args.calls, args.rounds)
         peer = times["sdpa"]
-        same_work = name.startswith(("decode", "prefill"))     # the rest: a like-sized peer
+        same_work = name.startswith(("decode", "prefill", "backward"))   # else a like-sized peer
         for lib in ("torch", "cupy"):
             host, wall = times[lib]
             ratio = f"{wall / peer[1]:6.2f}" if same_work else "     -"
