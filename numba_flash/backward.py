@@ -16,7 +16,7 @@ import numpy as np
 
 from .api import load_cuda_entry
 from .arrays import describe_all, dtype_name
-from .validation import check_bool, validate
+from .validation import check_bool, check_gpu_strides, validate
 
 __all__ = ["attention_backward"]
 
@@ -41,9 +41,10 @@ def _load_backward_cuda():
 
 
 def _check_saved(problem, infos: dict) -> None:
-    """dout and out shaped like q but with v's head dim, typed like q; lse (batch, heads_q,
-    seqlen_q), or (heads_q, total_q) for a packed batch, float32 or float64. Errors name the
-    argument, what was given and what was expected."""
+    """dout and out shaped like q but with v's head dim, typed like q (on the GPU with a
+    contiguous head_dim); lse (batch, heads_q, seqlen_q), or (heads_q, total_q) for a packed
+    batch, float32 or float64. Errors name the argument, what was given and what was
+    expected."""
     q_info = problem.infos["q"]
     q_shape = q_info.shape[1:] if problem.varlen is not None else q_info.shape
     out_shape = q_shape[:-1] + (problem.infos["v"].shape[-1],)
@@ -56,6 +57,8 @@ def _check_saved(problem, infos: dict) -> None:
         if dtype_name(info.dtype) != dtype_name(problem.dtype):
             raise TypeError(f"{name} must have q's dtype {dtype_name(problem.dtype)}, got "
                             f"{dtype_name(info.dtype)}")
+    if problem.kind == "cuda":
+        check_gpu_strides({"dout": infos["dout"], "out": infos["out"]})
     lse = infos["lse"]
     if problem.varlen is not None:
         expected, layout = (problem.heads_q, q_shape[0]), "(heads_q, total_q) for a packed batch"
@@ -171,7 +174,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
     fast, signature = _FAST[0], None
     if fast is not None and backend != "cpu" and stream is None:
         # Same signature as an earlier GPU call (arrays' geometry, every keyword): its
-        # recorded launches, without validating again (validation depends on nothing else).
+        # recorded launches, without validating again (what validation reads is in the
+        # signature; the replay checks the pointers' alignment itself).
         extras = (cu_seqlens_q, cu_seqlens_k, alibi_slopes)
         grads, signature = fast(dout, q, k, v, out, lse, (
             softmax_scale, causal, window_size, sinks, mask, softcap, alibi_slopes,

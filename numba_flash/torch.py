@@ -78,6 +78,9 @@ def _function_class(torch):
         @staticmethod
         def backward(ctx, dout):
             q, k, v, out, lse = ctx.saved_tensors
+            # loss = out.sum() hands back an expanded (stride-0) gradient: the kernels need a
+            # contiguous head_dim.
+            dout = dout.contiguous()
             grads = _call(torch, numba_flash.attention_backward, (dout, q, k, v, out, lse),
                           dict(ctx.options, deterministic=ctx.deterministic))
             return tuple(g if need else None

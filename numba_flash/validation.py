@@ -242,10 +242,13 @@ def check_dtypes(infos: dict, names=("q", "k", "v")) -> np.dtype:
     return infos[names[0]].dtype
 
 
-def _check_gpu_strides(infos: dict) -> None:
+def check_gpu_strides(infos: dict) -> None:
+    """GPU arrays (any rank) need a contiguous last axis and strides in whole elements: the
+    kernels read head_dim in 16-byte chunks or 32-bit pairs (a stride-0 head_dim, as in an
+    expanded autograd gradient, would be read as contiguous)."""
     for name, info in infos.items():
         itemsize = info.dtype.itemsize
-        if info.shape[3] > 1 and info.strides[3] != itemsize:
+        if info.shape[-1] > 1 and info.strides[-1] != itemsize:
             raise ValueError(f"{name} must have a contiguous head_dim (last axis stride "
                              f"{itemsize} bytes), got strides {info.strides}; make a copy with "
                              f"contiguous last axis (e.g. cupy.ascontiguousarray)")
@@ -364,7 +367,7 @@ def validate(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1),
     softmax_scale = check_softmax_scale(softmax_scale, head_dim)
     chosen = resolve_backend(backend, kind, stream)
     if kind == "cuda":
-        _check_gpu_strides(infos)
+        check_gpu_strides(infos)
     combined = mask_from_flags(causal, window_size, sinks, mask)
     if varlen is not None:
         batch, seqlen_q, seqlen_k = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k

@@ -137,6 +137,16 @@ def _gpu_call():
             FakeGpuArray(kv_shape), FakeGpuArray(q_shape), FakeGpuArray((1, 2, 4)))
 
 
+@pytest.mark.parametrize("index, name", [(0, "dout"), (4, "out")])
+def test_gpu_dout_and_out_need_a_contiguous_head_dim(index, name):
+    """An expanded gradient (autograd's for out.sum(): stride 0) would be read as contiguous by
+    the 16-bit kernels; it is refused by name (numba_flash.torch makes dout contiguous)."""
+    call = list(_gpu_call())
+    call[index].__cuda_array_interface__["strides"] = (0, 0, 0, 0)
+    with pytest.raises(ValueError, match=f"{name} must have a contiguous head_dim"):
+        numba_flash.attention_backward(*call)
+
+
 def test_gpu_arrays_reach_backward_cuda(monkeypatch):
     seen = {}
 

@@ -118,6 +118,9 @@ def test_replay_writes_pointers_in_plan_order_and_clears_workspaces(monkeypatch)
     misaligned = list(new)
     misaligned[1] = Device(new[1].ptr + 8)
     assert fast.run(misaligned, (mask,)) is None   # the full path raises the alignment error
+    unaligned_out = list(new)
+    unaligned_out[4] = Device(new[4].ptr + 2)      # the 16-bit kernels read out as words
+    assert fast.run(unaligned_out, (mask,)) is None
     aliased = list(new)
     aliased[2] = aliased[1]
     assert fast.run(aliased, (mask,)) is None      # k is q, unlike the recorded call

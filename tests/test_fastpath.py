@@ -73,6 +73,22 @@ def test_signature_covers_geometry_and_keywords():
     assert fastpath.call_key("attention", (object(), k, k), ()) is None   # no cheap signature
 
 
+def test_signature_keys_numpy_values_by_value():
+    """NumPy scalars and small host arrays are keyed by value: keyed by id, a freed value's id
+    is soon reused by another value, and a later call would replay a plan made for it."""
+    import numpy as np
+
+    q = FakeTensor((1, 8, 2, 64), 0x1000)
+    key = lambda *options: fastpath.call_key("attention_backward", (q,), options)  # noqa: E731
+    assert key(np.float32(0.125)) == key(np.float32(0.125))
+    assert key(np.float32(0.125)) != key(np.float32(0.5))
+    assert key(np.float32(0.1)) != key(0.1)            # float32's 0.1 is another number
+    assert key(np.int64(90)) != key(np.int64(91))
+    assert key(np.array([8, 0])) == key(np.array([8, 0]))
+    assert key(np.array([8, 0])) != key(np.array([9, 0]))
+    assert key(np.zeros(100)) is None                  # a large host array: no signature
+
+
 def test_run_writes_pointers_in_order_and_uses_the_stream(call):
     fast, mask = call
     q, k, v = (FakeTensor((1, 8, 2, 64), p) for p in (0x1000, 0x2000, 0x3000))

@@ -120,7 +120,7 @@ class BackwardFast:
         if self.current_device() != self.device:
             return None
         ptrs = [0 if x is None else pointer_of(x) for x in arrays]
-        if self.align and (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & self.align:
+        if self.align and ((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & self.align or ptrs[4] & 3):
             return None                   # the full path raises the alignment error
         if sharing_pattern(ptrs) != self.pattern:
             return None                   # arrays share memory unlike the recorded call's
@@ -190,7 +190,9 @@ def backward_fast(dout, q, k, v, out, lse, options, extras, guards):
 
 
 def record(signature, recording, kind, q, k, v, device, align):
-    """Keep ``recording`` for later calls of ``signature`` (from ``backward_fast``)."""
+    """Keep ``recording`` for later calls of ``signature`` (from ``backward_fast``); ``align``:
+    the bits dout, q, k and v's pointers must clear (15 for the 16-bit kernels' 16-byte
+    copies, which also read out as 32-bit words), 0 for none."""
     if signature is not None and recording.ok and recording.steps:
         key, guards = signature
         register_fast(_FAST_CALLS, key, BackwardFast(recording, kind, q, k, v, device, guards,

@@ -98,11 +98,19 @@ def call_key(name, arrays, options):
             return None
         parts.append(g)
     for value in options:
+        if isinstance(value, np.generic):           # NumPy scalars by value, not by id
+            value = value.item()
         if value is None or isinstance(value, (bool, int, float, str, tuple)):
             parts.append(value)
         elif type(value) is list:
             parts.append(tuple(value))
+        elif isinstance(value, np.ndarray):
+            if value.size > 16:                     # a large host array: no cheap signature
+                return None
+            parts.append(("host", value.dtype.str, value.shape, tuple(value.ravel().tolist())))
         else:
+            # Device arrays by geometry; any other object (a mask, a score_mod) by identity:
+            # the recorded call must hold it among its guards, so that its id is not reused.
             g = geometry_of(value)
             parts.append(("array", g) if g is not None else ("object", id(value)))
     return tuple(parts)
