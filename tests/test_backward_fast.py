@@ -183,15 +183,22 @@ def test_repeated_backward_skips_validation_and_matches(lib, case, monkeypatch):
     assert validated == [], "the repeated call validated: it missed the recorded call"
     for a, b in zip(first, again):
         assert _equal(a, b)
-    # New arrays of the same signature: the replay reads them, not the recorded call's; its
-    # gradients are the full path's on them, bit for bit.
-    dout2 = dout * 2 - 1
-    replayed = numba_flash.attention_backward(dout2, q, k, v, out, lse, **kw)
+    # New arrays of the same signature, every one of them with other values (a pointer the
+    # recording kept would read the old call's data): the replay's gradients are the full
+    # path's on them, bit for bit. out / lse no longer match q, k, v: the gradients are still a
+    # deterministic function of the six arrays.
+    fresh = (dout * 2 - 1, q * 0.5, k * 1.5, v - 1, out * 0.75, lse + 0.25)
+    kw2 = dict(kw)
+    if case == "alibi":
+        kw2["alibi_slopes"] = kw["alibi_slopes"] * 2
+    if case == "varlen":
+        kw2["cu_seqlens_q"] = kw2["cu_seqlens_k"] = cu * 1       # same values, new memory
+    replayed = numba_flash.attention_backward(*fresh, **kw2)
     assert validated == []
     from numba_flash.cuda.launch.fastpath import fast_table
 
     fast_table("attention_backward").clear()
-    full = numba_flash.attention_backward(dout2, q, k, v, out, lse, **kw)
+    full = numba_flash.attention_backward(*fresh, **kw2)
     assert validated == [1]
     for a, b in zip(full, replayed):
         assert _equal(a, b)
