@@ -351,3 +351,39 @@ def test_word_view_zeroes_length_one_strides():
     assert as_words(16, (1, 5, 1, 8), (12345, 32, 999, 2)) == ((1, 5, 1, 4), (0, 32, 0, 4))
     with pytest.raises(ValueError, match="4-byte aligned"):
         as_words(16, (2, 5, 1, 8), (6, 32, 999, 2))
+
+
+def test_threads_sharing_a_plan_launch_their_own_pointers(monkeypatch):
+    """Two threads launch one plan (the plan caches are per process) with their own pointers.
+    The stand-in driver call gives the interpreter lock away before it reads the parameters,
+    as ctypes does around the real one: each launch must still see its own thread's pointer
+    and stream."""
+    import threading
+    import time
+
+    seen, holder, mine = [], [], threading.local()
+
+    def launch(func, *args):
+        time.sleep(0.001)
+        plan = holder[0]
+        seen.append((mine.ptr, plan.values[plan.slots[0]], plan._stream.value))
+        return 0
+
+    monkeypatch.setattr(driver, "_DRIVER", {
+        "launch": launch, "function": lambda handle: handle + 1,
+        "param_layout": lambda function, sizes: driver.natural_layout(sizes)})
+    q = ArrayParam(types.uint32, (4, 8), (32, 4), 4)
+    holder.append(LaunchPlan(_Func(), [q], (1,), 32))
+
+    def worker(ptr):
+        mine.ptr = ptr
+        for _ in range(20):
+            holder[0].launch([ptr], ptr + 1)
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in (0x1000, 0x2000)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 40
+    assert all(got == own and stream == own + 1 for own, got, stream in seen)

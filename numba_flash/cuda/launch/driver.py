@@ -11,8 +11,9 @@ driver copy ~130 parameters one by one. A call writes only the data pointers of 
 arrays into their places and calls ``cuLaunchKernel`` (``cuLaunchKernelEx`` for a
 programmatic-dependent launch) through ctypes: no argument typing, no Numba device-array
 wrappers, no allocation. The driver copies the parameters at launch, so the buffer is free
-again when the call returns. Plans are not thread-safe: one plan serves one thread at a time
-(the library's plan caches are per process).
+again when the call returns. The library's plan caches are per process, so threads share
+plans: a plan's lock spans writing the pointers and the driver call (ctypes releases the
+interpreter lock during the call, when another thread could otherwise overwrite them).
 
 Kernels are compiled (or loaded: from their image on disk, images.py, else from Numba's
 on-disk cache) by ``compile_kernel`` for an explicit signature. Numba and cuda.core load them
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 
 from numba.cuda import types
 
@@ -340,6 +342,7 @@ class LaunchPlan:
         grid = (grid,) if isinstance(grid, int) else grid
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block, self.smem, self.pdl = int(block), int(smem), pdl
+        self._lock = threading.Lock()
         # The call's constant arguments as ctypes values, bound once: per call only the
         # stream changes (cuLaunchKernel's argument conversion was a third of a call's time).
         if pdl:
@@ -359,13 +362,14 @@ class LaunchPlan:
         """Launch on the stream of raw handle ``stream`` with the caller arrays' data
         ``pointers`` (ints, in the order of their ArrayParams)."""
         values = self.values
-        for slot, ptr in zip(self.slots, pointers):
-            values[slot] = ptr
-        if self.pdl:
-            self._config.stream = stream
-        else:
-            self._stream.value = stream
-        err = self._call()
+        with self._lock:
+            for slot, ptr in zip(self.slots, pointers):
+                values[slot] = ptr
+            if self.pdl:
+                self._config.stream = stream
+            else:
+                self._stream.value = stream
+            err = self._call()
         if err:
             raise LaunchError(f"cuLaunchKernel failed with CUresult {err} (grid {self.grid}, "
                               f"block {self.block}, dynamic shared memory {self.smem} bytes)")
