@@ -11,6 +11,8 @@ from numba_flash.cuda.launch import fastpath
 class FakeTensor:
     """Reads like a torch tensor to fastpath (shape, stride(), dtype, get_device(), data_ptr())."""
 
+    requires_grad = False
+
     def __init__(self, shape, ptr, dtype="float16", device=0):
         self.shape, self._ptr, self.dtype, self._device = tuple(shape), ptr, dtype, device
 
@@ -71,6 +73,9 @@ def test_signature_covers_geometry_and_keywords():
     assert base != fastpath.call_key("attention", (FakeTensor((1, 8, 2, 64), 0, device=1),
                                                    k, k), (0.125, True, (-1, -1)))
     assert fastpath.call_key("attention", (object(), k, k), ()) is None   # no cheap signature
+    grad = FakeTensor((1, 8, 2, 64), 0x1000)
+    grad.requires_grad = True           # validation refuses it: it must not match a record
+    assert base != fastpath.call_key("attention", (grad, k, k), (0.125, True, (-1, -1)))
 
 
 def test_signature_keys_numpy_values_by_value():

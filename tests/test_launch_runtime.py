@@ -158,3 +158,20 @@ def test_folded_mask_calls_take_the_repeated_path(mask, flags, monkeypatch):
     assert validated == []
     assert torch.equal(again, first)
     assert torch.equal(first, numba_flash.attention(q, k, v, **flags))
+
+
+def test_requires_grad_tensors_never_take_the_repeated_path():
+    """A tensor that requires grad is refused by validation (numba_flash.torch carries
+    gradients); a call recorded with detached tensors of the same geometry must not let it
+    through the repeated path (forward and backward)."""
+    torch = _torch()
+    q = torch.randn(1, 40, 2, 64, device="cuda", dtype=torch.float16)
+    dout = torch.randn_like(q)
+    for _ in range(2):
+        out, lse = numba_flash.attention(q, q, q, causal=True, return_lse=True)
+        numba_flash.attention_backward(dout, q, q, q, out, lse, causal=True)
+    q.requires_grad_()
+    with pytest.raises(TypeError, match="requires grad"):
+        numba_flash.attention(q, q, q, causal=True, return_lse=True)
+    with pytest.raises(TypeError, match="requires grad"):
+        numba_flash.attention_backward(dout, q, q, q, out, lse, causal=True)

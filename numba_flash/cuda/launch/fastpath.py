@@ -40,7 +40,9 @@ def register_fast(table: dict, key, call):
 
 
 def _torch_geometry(x):
-    return (x.shape, x.stride(), x.dtype, x.get_device())
+    # requires_grad too: validation refuses such tensors (nothing here carries gradients), so
+    # a call with them must not match a call recorded without.
+    return (x.shape, x.stride(), x.dtype, x.get_device(), x.requires_grad)
 
 
 def _cupy_geometry(x):
