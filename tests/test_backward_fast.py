@@ -15,29 +15,24 @@ import numba_flash
 from numba_flash import masks
 from numba_flash.cuda.launch import backward_fast as bf
 from numba_flash.cuda.primitives import SIMULATOR
+from test_fastpath import FakeTensor
 
 
-class Device:
-    """A stand-in device array that reads as a C-contiguous float32 torch tensor."""
+class Device(FakeTensor):
+    """A stand-in device array: a C-contiguous float32 torch tensor to launch/arrays.py too."""
 
-    dtype = np.float32
     device = type("Device", (), {"index": 0})()
 
     def __init__(self, ptr, shape=(4, 8)):
-        self.ptr, self.shape, self.nbytes = ptr, shape, 4 * int(np.prod(shape))
+        super().__init__(shape, ptr, np.float32)
+        self.nbytes = 4 * int(np.prod(shape))
 
-    def data_ptr(self):
-        return self.ptr
+    @property
+    def ptr(self):
+        return self.data_ptr()
 
     def element_size(self):
         return 4
-
-    def stride(self):
-        strides, acc = [], 1
-        for n in reversed(self.shape):
-            strides.insert(0, acc)
-            acc *= n
-        return tuple(strides)
 
 
 Device.__module__ = "torch.fake"
@@ -99,9 +94,9 @@ def test_replay_writes_pointers_in_plan_order_and_clears_workspaces(monkeypatch)
     rec.launch(first, (0, 1, 12))                 # dout, q, workspace 0
     rec.launch(second, (13, 9, 5))                # workspace 1, dq, lse
     fresh = iter(range(0x700000, 0x800000, 0x1000))
-    monkeypatch.setattr(bf, "_allocator", lambda kind, like, shape, dtype:
+    monkeypatch.setattr(bf, "array_allocator", lambda kind, like, shape, dtype:
                         lambda: Device(next(fresh), shape))
-    monkeypatch.setattr(bf, "_stream_reader", lambda kind, like: lambda: 55)
+    monkeypatch.setattr(bf, "current_stream_reader", lambda kind, like: lambda: 55)
     monkeypatch.setattr(bf, "device_reader", lambda t: lambda: 0)
     monkeypatch.setattr(bf, "pointer_of", lambda x: x.ptr)
     memsets = []

@@ -53,13 +53,16 @@ LOG2E = 1.0 / math.log(2.0)
 WGMMA_ENABLED = os.environ.get("NUMBA_FLASH_WGMMA", "1") != "0"
 
 
+def _capability():
+    """The current device's compute capability, None in the simulator."""
+    return None if SIMULATOR else compute_capability(current_device_id())
+
+
 def wgmma_device() -> bool:
     """Whether the current device takes the wgmma path: a compute-capability 9.0 GPU (H100,
     H200; Numba compiles for sm_90a there), not the simulator, and ``NUMBA_FLASH_WGMMA`` not
     set to 0 when the package was imported."""
-    if SIMULATOR or not WGMMA_ENABLED:
-        return False
-    return compute_capability(current_device_id()) == (9, 0)
+    return WGMMA_ENABLED and _capability() == (9, 0)
 
 
 def _dmma_target() -> tuple[bool, bool]:
@@ -67,10 +70,8 @@ def _dmma_target() -> tuple[bool, bool]:
     kernel: compute capability 9.0+ has the instruction (the simulator models it); the tilings
     of ``dmma_geometry(hopper=True)`` need 9.0's 227 KB of shared memory per block (other GPUs
     take the small tiling, within 99 KB). The simulator runs the Hopper tilings."""
-    if SIMULATOR:
-        return True, True
-    cc = compute_capability(current_device_id())
-    return cc >= (9, 0), cc == (9, 0)
+    cc = _capability()
+    return (True, True) if cc is None else (cc >= (9, 0), cc == (9, 0))
 
 
 def _wgmma(dtype_name: str, head_dim: int) -> bool:

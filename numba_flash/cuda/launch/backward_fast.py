@@ -22,11 +22,11 @@ cannot name).
 """
 from __future__ import annotations
 
-import numpy as np
 
 from .arrays import array_kind, interface
 from .driver import memset32_async
-from .fastpath import call_key, device_reader, fast_table, pointer_of, register_fast
+from .fastpath import (array_allocator, call_key, current_stream_reader, device_reader,
+                       fast_table, pointer_of, register_fast)
 
 __all__ = ["Recording", "BackwardFast", "backward_fast", "SOURCES"]
 
@@ -105,11 +105,11 @@ class BackwardFast:
         self.steps, self.guards, self.device, self.align = recording.steps, guards, device, align
         self.pattern = recording.pattern
         self.current_device = device_reader(type(q))
-        self.new_dq, self.new_dk, self.new_dv = (_allocator(kind, q, tuple(x.shape), q.dtype)
-                                                 for x in (q, k, v))
-        self.new_workspaces = [(_allocator(kind, q, shape, np.dtype(name)), zero)
+        self.new_dq, self.new_dk, self.new_dv = (
+            array_allocator(kind, q, tuple(x.shape), q.dtype) for x in (q, k, v))
+        self.new_workspaces = [(array_allocator(kind, q, shape, name), zero)
                                for shape, name, zero in recording.workspaces]
-        self.current_stream = _stream_reader(kind, q)
+        self.current_stream = current_stream_reader(kind, q)
 
     def run(self, arrays, guards):
         """(dq, dk, dv) launched on ``arrays`` (the caller's, ``SOURCES[:9]`` order), or None
@@ -137,35 +137,6 @@ class BackwardFast:
         for plan, sources in self.steps:
             plan.launch([ptrs[i] for i in sources], handle)
         return outputs
-
-
-def _allocator(kind, like, shape, dtype):
-    """A no-argument function allocating an uninitialised C-contiguous array of ``shape`` and
-    ``dtype`` (a NumPy / torch dtype) with ``like``'s library on its device."""
-    if kind == "torch":
-        import torch
-
-        torch_dtype = dtype if isinstance(dtype, torch.dtype) else \
-            getattr(torch, np.dtype(dtype).name)
-        template = torch.empty(0, dtype=torch_dtype, device=like.device)
-        return lambda: template.new_empty(shape)
-    import cupy
-
-    return lambda: cupy.ndarray(shape, dtype)
-
-
-def _stream_reader(kind, like):
-    """The caller's current stream (raw handle) on ``like``'s device."""
-    if kind == "torch":
-        import torch
-
-        index = like.device.index
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        return (lambda: raw(index)) if raw is not None else \
-            (lambda: torch.cuda.current_stream(index).cuda_stream)
-    import cupy
-
-    return lambda: cupy.cuda.get_current_stream().ptr
 
 
 def backward_fast(dout, q, k, v, out, lse, options, extras, guards):

@@ -21,7 +21,8 @@ from .driver import current_device, stream_is_capturing
 from .streams import raw_stream_handle
 
 __all__ = ["FastCall", "fast_table", "register_fast", "call_key", "geometry_of", "geometry_reader",
-           "pointer_of", "current_stream_of", "device_reader", "capture_reader"]
+           "pointer_of", "current_stream_of", "device_reader", "capture_reader",
+           "array_allocator", "current_stream_reader"]
 
 _TABLES: dict = {}
 _MAX_ENTRIES = 512
@@ -235,29 +236,41 @@ def _allocators(kind, like, out_shape, out_dtype, lse_shape):
     """(new_out, new_lse or None, current stream) callables for the caller's library (bound
     once: a call pays the allocator itself, no wrapper frames). The outputs are uninitialised
     (the varlen kernels write the rows no sequence owns themselves)."""
+    wide = str(like.dtype).replace("torch.", "") == "float64"
+    new_out = array_allocator(kind, like, out_shape, like.dtype)
+    new_lse = array_allocator(kind, like, lse_shape, "float64" if wide else "float32") \
+        if lse_shape is not None else None
+    return new_out, new_lse, current_stream_reader(kind, like)
+
+
+def array_allocator(kind, like, shape, dtype):
+    """A no-argument function returning an uninitialised C-contiguous array of ``shape`` and
+    ``dtype`` (a torch dtype, or anything NumPy reads as one) from the caller's allocator
+    (``kind`` "torch" or "cupy"), on ``like``'s device."""
     if kind == "torch":
         import torch
 
-        dev, dt = like.device, like.dtype
-        lse_dt = torch.float64 if dt == torch.float64 else torch.float32
-        index = dev.index
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        current = functools.partial(raw, index) if raw is not None else \
-            (lambda: torch.cuda.current_stream(index).cuda_stream)
+        if not isinstance(dtype, torch.dtype):
+            dtype = getattr(torch, np.dtype(dtype).name)
         # Tensor.new_empty on an empty template of the dtype and device: no keyword parsing
         # (2.8 us against torch.empty's 3.6 on the H200's host).
-        template = torch.empty(0, dtype=dt, device=dev)
-        new_out = functools.partial(template.new_empty, out_shape)
-        new_lse = None
-        if lse_shape is not None:
-            lse_template = torch.empty(0, dtype=lse_dt, device=dev)
-            new_lse = functools.partial(lse_template.new_empty, lse_shape)
-        return new_out, new_lse, current
+        template = torch.empty(0, dtype=dtype, device=like.device)
+        return functools.partial(template.new_empty, shape)
     import cupy
 
-    dt = like.dtype
-    lse_dt = np.float64 if dt == np.float64 else np.float32
-    new_out = functools.partial(cupy.ndarray, out_shape, dt)
-    new_lse = functools.partial(cupy.ndarray, lse_shape, lse_dt) if lse_shape is not None \
-        else None
-    return new_out, new_lse, lambda: cupy.cuda.get_current_stream().ptr
+    return functools.partial(cupy.ndarray, shape, dtype)
+
+
+def current_stream_reader(kind, like):
+    """A no-argument function returning the raw handle of the caller's current stream (torch:
+    on ``like``'s device; CuPy: its current device's)."""
+    if kind == "torch":
+        import torch
+
+        index = like.device.index
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        return functools.partial(raw, index) if raw is not None else \
+            (lambda: torch.cuda.current_stream(index).cuda_stream)
+    import cupy
+
+    return lambda: cupy.cuda.get_current_stream().ptr
