@@ -183,7 +183,6 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
             extras, (mask,))
         if grads is not None:
             return grads
-        signature = signature and signature + (extras,)
     problem = validate(q, k, v, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, sinks=sinks, mask=mask, softcap=softcap,
                        backend=backend, stream=stream, alibi_slopes=alibi_slopes,

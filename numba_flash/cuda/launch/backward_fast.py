@@ -144,8 +144,8 @@ def backward_fast(dout, q, k, v, out, lse, options, extras, guards):
 
     ``options``: the call's keyword values (arrays among them keyed by geometry); ``extras``:
     (cu_seqlens_q, cu_seqlens_k, alibi_slopes), None where not given; ``guards``: its mask
-    object. Returns ((dq, dk, dv), None) on a hit, else (None, signature) for
-    ``backward_cuda`` to record under (signature None: this call cannot be recorded)."""
+    object. Returns ((dq, dk, dv), None) on a hit, else (None, (signature, guards, extras))
+    for ``backward_cuda`` to record under (None: this call cannot be recorded)."""
     key = call_key("attention_backward", (dout, q, k, v, out, lse), options)
     if key is None:
         return None, None
@@ -157,11 +157,12 @@ def backward_fast(dout, q, k, v, out, lse, options, extras, guards):
         result = call.run((dout, q, k, v, out, lse) + tuple(extras), guards)
         if result is not None:
             return result, None
-    return None, (key, guards)
+    return None, (key, guards, tuple(extras))
 
 
 def record(signature, recording, kind, q, k, v, device, align):
-    """Keep ``recording`` for later calls of ``signature`` (from ``backward_fast``); ``align``:
+    """Keep ``recording`` for later calls of ``signature`` ((key, guards) from
+    ``backward_fast``); ``align``:
     the bits dout, q, k and v's pointers must clear (15 for the 16-bit kernels' 16-byte
     copies, which also read out as 32-bit words), 0 for none."""
     if signature is not None and recording.ok and recording.steps:
