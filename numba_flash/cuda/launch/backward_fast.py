@@ -162,9 +162,8 @@ def backward_fast(dout, q, k, v, out, lse, options, extras, guards):
 
 def record(signature, recording, kind, q, k, v, device, align):
     """Keep ``recording`` for later calls of ``signature`` ((key, guards) from
-    ``backward_fast``); ``align``:
-    the bits dout, q, k and v's pointers must clear (15 for the 16-bit kernels' 16-byte
-    copies, which also read out as 32-bit words), 0 for none."""
+    ``backward_fast``); ``align``: the bits dout, q, k and v's pointers must clear (15 for the
+    16-bit kernels' 16-byte copies, which also read out as 32-bit words), 0 for none."""
     if signature is not None and recording.ok and recording.steps:
         key, guards = signature
         register_fast(_FAST_CALLS, key, BackwardFast(recording, kind, q, k, v, device, guards,
