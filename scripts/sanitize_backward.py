@@ -6,7 +6,8 @@ numba_flash.attention_backward on torch tensors (Sq 77, Sk 93, GQA 2, causal and
 16-bit dK / dV kernel at head_dim 64 and 128 (on a compute-capability 9.0 GPU the wgmma
 kernel, kernels/backward_wgmma.py; elsewhere one warp per 16 keys), 80 (16-column dQ units)
 and 192 / 256 (two warps per 16 keys), atomic and deterministic dQ; float32 / float64 at 64
-and 96 (CUDA-core kernels). ``--wgmma``: only the 16-bit head_dim 64 / 128 / 256 cases (the
+and 96 (CUDA-core kernels); interval masks (causal_document, shared_question: the staged
+bounds) in bfloat16 at 64 / 128 / 256. ``--wgmma``: only the 16-bit head_dim 64 / 128 / 256 cases (the
 wgmma kernel on compute capability 9.0), for a sanitizer run that fits a short time limit.
 """
 import argparse
@@ -16,13 +17,13 @@ import torch
 import numba_flash
 
 
-def run(dtype, d, causal, deterministic, heads_kv=1):
-    q = torch.randn(1, 77, 2, d, device="cuda", dtype=dtype)
+def run(dtype, d, causal, deterministic, heads_kv=1, mask=None, seqlen_q=77):
+    q = torch.randn(1, seqlen_q, 2, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(1, 93, heads_kv, d, device="cuda", dtype=dtype) for _ in range(2))
-    out, lse = numba_flash.attention(q, k, v, causal=causal, return_lse=True)
+    kw = dict(causal=causal) if mask is None else dict(mask=mask)
+    out, lse = numba_flash.attention(q, k, v, return_lse=True, **kw)
     dout = torch.randn_like(out)
-    numba_flash.attention_backward(dout, q, k, v, out, lse, causal=causal,
-                                   deterministic=deterministic)
+    numba_flash.attention_backward(dout, q, k, v, out, lse, deterministic=deterministic, **kw)
 
 
 def main():
@@ -39,6 +40,11 @@ def main():
                 run(dtype, d, causal, det)
     for d in (64, 128, 256):        # one query head per kv head: dK / dV written directly
         run(torch.float16, d, True, False, heads_kv=2)
+    # interval masks: the dK / dV block's staged copy of its 93 keys' bounds (Sq = Sk = 93)
+    for mask in (numba_flash.masks.causal_document([40, 30, 23]),
+                 numba_flash.masks.shared_question([93], [20], [[30, 43]])):
+        for d, det in ((64, False), (128, False), (128, True), (256, False)):
+            run(torch.bfloat16, d, False, det, mask=mask, seqlen_q=93)
     torch.cuda.synchronize()
     print("sanitize_backward: done")
 

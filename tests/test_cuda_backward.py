@@ -349,6 +349,20 @@ def test_gpu_options(dtype_name, option):
         run_case(rng, dtype_name, 2, n, n, 4, 2, 128, mask=mask, deterministic=det)
 
 
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("det", [False, True])
+def test_gpu_interval_masks(dtype_name, d, det):
+    """Interval masks at the default tiles (the wgmma dK / dV kernel on sm_90: each block's
+    staged bounds, 300 keys = two full 128-key blocks and a clamped tail): skipped, full and
+    partial tiles of document and shared-question masks, GQA."""
+    rng = np.random.default_rng(d + det)
+    for mask in (masks.causal_document([37, 150, 113]),
+                 masks.shared_question([120, 180], [30, 50], [[40, 50], [60, 70]])):
+        run_case(rng, dtype_name, 1, 300, 300, 4, 2, d, mask=mask, deterministic=det)
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="NumPy arrays reach the kernels only in the simulator")
 def test_public_door_runs_the_kernels():
     """numba_flash.attention_backward(backend='cuda') reaches the kernels (simulator: NumPy

@@ -117,13 +117,39 @@ def pair_visible(row, kpos, seqlen_q, seqlen_k, offset, has_left, has_right, has
 
 
 @inlined
-def column_bounds(kind, iv, kpos, seqlen_k):
+def column_bounds(kind, iv, kpos, seqlen_k, kbase=0):
     """The 4 interval bounds (lts, lte, uts, ute) of key column ``kpos`` (clamped into range;
-    zeros, i.e. nothing masked, without intervals)."""
+    zeros, i.e. nothing masked, without intervals); ``iv`` holds columns from ``kbase`` on
+    (a block's staged copy, ``stage_key_block``) or all of them (``kbase`` 0)."""
     if kind == INTERVALS:
-        c = min(kpos, seqlen_k - 1)
+        c = min(kpos, seqlen_k - 1) - kbase
         return int(iv[0, c]), int(iv[1, c]), int(iv[2, c]), int(iv[3, c])
     return 0, 0, 0, 0
+
+
+def stage_words(block_n: int) -> int:
+    """32-bit words of shared memory ``stage_key_block`` fills for a ``block_n``-key block."""
+    return 8 + 4 * block_n
+
+
+@inlined
+def stage_key_block(kind, mk_iv, mk_mm, ktile, k0, seqlen_k, dyn, off, bn, tid, nthreads):
+    """A column-parallel block's mask intervals, copied once into shared memory (``dyn``: the
+    int32 dynamic shared array, ``stage_words(bn)`` words from ``off``) so that its walk over
+    query tiles reads no global memory for the mask: the key tile's 8 min/max values (``mm``
+    (8, 1): tile classes) and its ``bn`` columns' 4 bounds (``iv`` (4, bn), column c = key
+    k0 + c, clamped as ``column_bounds``). Returns ``(mm, iv, mtile)``: the views and the key
+    tile index to classify with (0); kinds other than INTERVALS get the global arrays and
+    ``ktile`` back. The caller synchronises the block before the first use."""
+    if kind != INTERVALS:
+        return mk_mm, mk_iv, ktile
+    for i in range(tid, 8 + 4 * bn, nthreads):
+        if i < 8:
+            dyn[off + i] = mk_mm[i, ktile]
+        else:
+            c = (i - 8) % bn
+            dyn[off + i] = mk_iv[(i - 8) // bn, min(k0 + c, seqlen_k - 1)]
+    return shared_view(dyn, off, 8, 1), shared_view(dyn, off + 8, 4, bn), 0
 
 
 @inlined
@@ -675,7 +701,8 @@ def mma_dkdv_smem_bytes(head_dim: int, warps: int, block_m: int, block_n: int = 
     per warp), two buffers of Q, dO (block_m rows) and of their base-2 lse and delta, and dS^T
     (keys x block_m / 2 words)."""
     bn, dwp = block_n or 16 * warps, _padded(head_dim // 2)
-    return 4 * (2 * bn * dwp + 4 * block_m * dwp + bn * _padded(block_m // 2) + 4 * block_m)
+    return 4 * (2 * bn * dwp + 4 * block_m * dwp + bn * _padded(block_m // 2) + 4 * block_m
+                + stage_words(bn))
 
 
 @inlined
@@ -755,54 +782,69 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
     call of more than 30 arguments is compiled as ``f(*args)``, which Numba cannot inline), the
     mask arguments as in ``pair_visible``; ``has_alibi``: scores less ``slope_log2`` times the
     distance."""
+    # a transposed fragment's keys are the lane's two (rows g, g + 8): their bounds, once
+    kb = key_pair_bounds(transposed and not full, kind, mk_iv, k0, own0 + (lane >> 2),
+                         where[1])
     # n-tiles one call each, not a loop: NVVM's unroller left such a loop rolled in some
     # kernels, which puts the fragments in local memory. n_tiles is 1, 2, 4 or 8 (no assert:
     # in device code it compiles to a runtime test and an exception path)
     probs_tile(0, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right, has_sinks,
-               kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+               kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
     if n_tiles > 1:
         probs_tile(1, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
     if n_tiles > 2:
         probs_tile(2, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
         probs_tile(3, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
     if n_tiles > 4:
         probs_tile(4, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
         probs_tile(5, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
         probs_tile(6, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
         probs_tile(7, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
+
+
+@inlined
+def key_pair_bounds(load, kind, iv, k0, own, seqlen_k):
+    """The interval bounds of keys k0 + own and k0 + own + 8 from a column-parallel block's
+    staged copy ``iv`` (columns from k0, ``stage_key_block``) when ``load``, else zeros."""
+    kb0 = (0, 0, 0, 0)
+    kb1 = (0, 0, 0, 0)
+    if load:
+        kb0 = column_bounds(kind, iv, k0 + own, seqlen_k, k0)
+        kb1 = column_bounds(kind, iv, k0 + own + 8, seqlen_k, k0)
+    return kb0, kb1
 
 
 @inlined
 def probs_tile(j, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-               has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2):
+               has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2):
     """``probs_grads`` for n-tile ``j``: the packed pairs are built from values, ``st`` and
     ``dpt`` are only read (ptxas serialises wgmma when the accumulators of a completed group
     are written in a branch while later groups are in flight)."""
     for e in range(0, 4, 2):
         p0, ds0 = pair_grads(j, e, 0, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf,
                              scale_log2, cap_in, cap_log2, has_softcap, full, where, has_left,
-                             has_right, has_sinks, kind, mk_iv, mk_bits, mod, has_alibi,
-                             slope_log2)
+                             has_right, has_sinks, kind, mk_iv, kb, mk_bits, mod,
+                             has_alibi, slope_log2)
         p1, ds1 = pair_grads(j, e, 1, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf,
                              scale_log2, cap_in, cap_log2, has_softcap, full, where, has_left,
-                             has_right, has_sinks, kind, mk_iv, mk_bits, mod, has_alibi,
-                             slope_log2)
+                             has_right, has_sinks, kind, mk_iv, kb, mk_bits, mod,
+                             has_alibi, slope_log2)
         pkp[2 * j + e // 2] = pack16(is_bf16, p0, p1)
         pkd[2 * j + e // 2] = pack16(is_bf16, ds0, ds1)
 
@@ -810,8 +852,9 @@ def probs_tile(j, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lb
 @inlined
 def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, full, where, has_left, has_right, has_sinks, kind,
-               mk_iv, mk_bits, mod, has_alibi, slope_log2):
-    """(p, ds) of fragment element 4 j + e + c (0 where masked)."""
+               mk_iv, kb, mk_bits, mod, has_alibi, slope_log2):
+    """(p, ds) of fragment element 4 j + e + c (0 where masked); ``kb``: the bounds of a
+    transposed fragment's two keys (``key_pair_bounds``)."""
     seqlen_q, seqlen_k, wl, wr, sinks, b, h = where
     offset = seqlen_k - seqlen_q
     own = own0 + (lane >> 2) + 4 * e
@@ -823,7 +866,10 @@ def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, 
                         scale_log2, cap_in, cap_log2, has_softcap, True, has_alibi,
                         slope_log2 * np.float32(abs(row + offset - key)))
     if not full:
-        lts, lte, uts, ute = column_bounds(kind, mk_iv, key, seqlen_k)
+        if transposed:
+            lts, lte, uts, ute = kb[0] if e == 0 else kb[1]
+        else:
+            lts, lte, uts, ute = column_bounds(kind, mk_iv, key, seqlen_k)
         if not pair_visible(row, key, seqlen_q, seqlen_k, offset, has_left, has_right,
                             has_sinks, wl, wr, sinks, kind, lts, lte, uts, ute, b, h, mk_bits,
                             mod):
@@ -1051,6 +1097,9 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         dst = shared_view(dyn, ST_OFF, BN, STW)          # dS^T, for the dQ product
         ls = shared_view(dynf, L_OFF, 2, BM)
         dls = shared_view(dynf, L_OFF + 2 * BM, 2, BM)
+        mm, iv, mtile = stage_key_block(KIND, mk_iv, mk_mm, ktile, k0, seqlen_k,
+                                        cuda.shared.array(0, types.int32), L_OFF + 4 * BM, BN,
+                                        tid, NT)
         st = cuda.local.array(8, f32)
         dpt = cuda.local.array(8, f32)
         pkp = cuda.local.array(4, u32)
@@ -1064,7 +1113,9 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         lo, hi = query_rows(k0, min(k0 + BN, seqlen_k), seqlen_q, seqlen_k - seqlen_q,
                             has_left, has_right, has_sinks, wl, wr, sinks)
         end = (hi + BM - 1) // BM if hi > lo else 0
-        t = next_query_tile(lo // BM, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN, seqlen_q,
+        if KIND == INTERVALS:
+            cuda.syncthreads()      # the staged intervals
+        t = next_query_tile(lo // BM, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN, seqlen_q,
                             seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
         prefetch_rows(ks, 0, k, ab, k_off + k0, hk, k_off + seqlen_k, BN, CH, tid, NT)
         prefetch_rows(vs, 0, v, ab, k_off + k0, hk, k_off + seqlen_k, BN, CH, tid, NT)
@@ -1076,7 +1127,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         cp_async_commit()
         cur = 0
         while t < end:
-            nxt = next_query_tile(t + 1, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN,
+            nxt = next_query_tile(t + 1, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN,
                                   seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
                                   sinks)
             cp_async_wait_all()
@@ -1089,7 +1140,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
                 prefetch_stats(ls, dls, 1 - cur, lse2, delta, b, h, nxt * BM, tid)
             cp_async_commit()
             r0 = t * BM
-            _, full = tile_kind(KIND, mk_mm, mk_tab, tb, t, ktile, r0, BM, k0, BN, seqlen_q,
+            _, full = tile_kind(KIND, mm, mk_tab, tb, t, mtile, r0, BM, k0, BN, seqlen_q,
                                 seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
             for sl in range(MQ):
                 row = cur * BM + 16 * sl              # the slice's first row in the buffers
@@ -1098,7 +1149,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
                 probs_grads(st, dpt, pkp, pkd, 2, lane, True, own0, r0 + 16 * sl, k0,
                             ls[cur], dls[cur], 16 * sl, scale_log2, cap_in, cap_log2,
                             has_softcap, BF16, full, where, has_left, has_right, has_sinks, KIND,
-                            mk_iv, mk_bits, mod, ALIBI, slope_log2)
+                            iv, mk_bits, mod, ALIBI, slope_log2)
                 mma_pb(dv, BF16, pkp, dos, row, 1, NPD, col0 // 2, lane)    # dV += P^T dO
                 mma_pb(dk, BF16, pkd, qs, row, 1, NPD, col0 // 2, lane)     # dK += dS^T Q
                 if ATOMIC and col0 == 0:

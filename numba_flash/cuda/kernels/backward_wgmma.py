@@ -40,11 +40,11 @@ from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async,
                           shared_addr, shared_view, sts32, sw128_desc, wgmma_commit, wgmma_fence,
                           wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait)
 from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
-                       prefetch_stats, probs_grads, query_rows, store_dkdv, store_fragments,
-                       tile_kind, zero)
+                       prefetch_stats, probs_grads, query_rows, stage_key_block, stage_words,
+                       store_dkdv, store_fragments, tile_kind, zero)
 from .forward_mma_tiles import copy_rows
 from .jitcache import jit_kernel
-from .masking import NONE, mask_mod_device
+from .masking import INTERVALS, NONE, mask_mod_device
 from ..primitives.base import inlined
 
 __all__ = ["WG_BWD_HEAD_DIMS", "WG_BWD_THREADS", "WG_BWD_BLOCK_M", "wgmma_block_n",
@@ -81,10 +81,16 @@ def _tile_bytes(head_dim: int) -> tuple:
     return k_off, v_off, q_off, do_off, ds_off, ds_off + bn * WG_BWD_BLOCK_M * 2
 
 
+def _head_words(head_dim: int) -> int:
+    """32-bit words before the aligned tiles: the stats (2 x rows x 64 floats), then the
+    block's staged mask intervals (``backward.stage_key_block``)."""
+    return 2 * STAT_ROWS * WG_BWD_BLOCK_M + stage_words(wgmma_block_n(head_dim))
+
+
 def wgmma_dkdv_smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of the kernel: the stats (2 x rows x 64 floats), 1024 bytes of
-    alignment slack, the tiles (head_dim 64: 82 KB; 128: 146 KB; 256: 202 KB)."""
-    return 2 * STAT_ROWS * WG_BWD_BLOCK_M * 4 + 1024 + _tile_bytes(head_dim)[-1]
+    """Dynamic shared memory of the kernel: the stats and staged mask (``_head_words``), 1024
+    bytes of alignment slack, the tiles (head_dim 64: 82 KB; 128: 146 KB; 256: 202 KB)."""
+    return 4 * _head_words(head_dim) + 1024 + _tile_bytes(head_dim)[-1]
 
 
 @inlined
@@ -197,6 +203,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     KS, NSEG = D // 16, D // 64
     BLK_K, BLK_Q = BN * 128, BM * 128              # bytes per 64-column block of a tile
     K_OFF, V_OFF, Q_OFF, DO_OFF, DS_OFF, _ = _tile_bytes(D)
+    HEAD_WORDS = _head_words(D)
     BUF = BM * D * 2                               # bytes of one Q (dO) buffer
     RPP = NT // 8                                  # rows per copy pass (8 threads per segment)
     KV_PASSES, Q_PASSES = BN // RPP, BM // RPP
@@ -233,7 +240,10 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         dynf = cuda.shared.array(0, f32)
         ls = shared_view(dynf, 0, STAT_ROWS, BM)
         dls = shared_view(dynf, STAT_ROWS * BM, STAT_ROWS, BM)
-        sbase = (np.int64(shared_addr(dynf)) + 8 * STAT_ROWS * BM + 1023) & ~1023
+        mm, iv, mtile = stage_key_block(KIND, mk_iv, mk_mm, ktile, k0, seqlen_k,
+                                        cuda.shared.array(0, types.int32), 2 * STAT_ROWS * BM,
+                                        BN, tid, NT)
+        sbase = (np.int64(shared_addr(dynf)) + 4 * HEAD_WORDS + 1023) & ~1023
         cp_row = tid >> 3
         cp_part = tid & 7
         cp_dst = cp_row * 128 + ((cp_part ^ (cp_row & 7)) << 4)
@@ -260,7 +270,9 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         lo, hi = query_rows(k0, min(k0 + BN, seqlen_k), seqlen_q, seqlen_k - seqlen_q,
                             has_left, has_right, has_sinks, wl, wr, sinks)
         end = (hi + BM - 1) // BM if hi > lo else 0
-        t = next_query_tile(lo // BM, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN, seqlen_q,
+        if KIND == INTERVALS:
+            cuda.syncthreads()      # the staged intervals
+        t = next_query_tile(lo // BM, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN, seqlen_q,
                             seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
         copy_rows(ls, sbase + K_OFF + cp_dst, k, ab, k_off, k0, seqlen_k, hk, cp_row, cp_part, 0,
                   KV_PASSES, NSEG, 8, RPP, BLK_K, True)
@@ -273,7 +285,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         cp_async_commit()
         cur = 0
         while t < end:
-            nxt = next_query_tile(t + 1, end, KIND, mk_mm, mk_tab, tb, ktile, BM, k0, BN,
+            nxt = next_query_tile(t + 1, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN,
                                   seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
                                   sinks)
             cp_async_wait_all()
@@ -286,13 +298,13 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                                     cp_row, cp_part, tid, Q_PASSES, NSEG, BLK_Q)
             cp_async_commit()
             r0 = t * BM
-            _, full = tile_kind(KIND, mk_mm, mk_tab, tb, t, ktile, r0, BM, k0, BN, seqlen_q,
+            _, full = tile_kind(KIND, mm, mk_tab, tb, t, mtile, r0, BM, k0, BN, seqlen_q,
                                 seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
             cb = np.uint64((cur * BUF) >> 4)
             scores_t(st, dpt, dk_a, dv_a, dq_b + cb, ddo_b + cb, KS, BLK_K, BLK_Q, BF16)
             probs_grads(st, dpt, pkp, pkd, 8, lane, True, own0, r0, k0, ls[cur], dls[cur], 0,
                         scale_log2, cap_in, cap_log2, has_softcap, BF16, full, where,
-                        has_left, has_right, has_sinks, KIND, mk_iv, mk_bits, mod, ALIBI,
+                        has_left, has_right, has_sinks, KIND, iv, mk_bits, mod, ALIBI,
                         slope_log2)
             if ATOMIC and (SPLIT == 1 or wg == 0):      # one copy of each key's dS^T
                 store_ds_t(sbase + DS_OFF + own0 * 128, pkd, lane)
