@@ -167,6 +167,8 @@ INTERVAL_CASES = [
     ("float64", (2, 32, 16), True, M.DocumentMask([24, 40]), False, 64),
     ("bfloat16", (1, 16, 16), True, M.DocumentMask([16, 32]), True, 48),
     ("float16", WIDE_TILES, False, M.DocumentMask([64, 30, 36]), False, 130),
+    # runs of several skipped query tiles before and after each document (the walk's jumps)
+    ("float16", MMA_TILES, False, M.CausalDocumentMask([41, 6, 50, 33]), False, 130),
 ]
 
 

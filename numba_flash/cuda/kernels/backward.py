@@ -51,7 +51,7 @@ from .masking import (BITMASK, INTERVALS, MASK_MOD, NONE, bit_visible, key_tiles
                       mask_mod_device, past_sinks, tile_class)
 from .sequences import packed_sequence
 from .tile_ops import window_visible
-from .tile_classes import FULL, SKIP
+from .tile_classes import FULL, SKIP, skipped_rows_end
 from ..primitives.base import inlined
 
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_convert_kernel", "make_fma_dkdv_kernel",
@@ -990,13 +990,19 @@ def prefetch_stats(ls, dls, buf, lse2, delta, b, h, r0, tid):
 def next_query_tile(t, end, kind, mm, tab, tb, ktile, bm, k0, bn, seqlen_q, seqlen_k, has_left,
                     has_right, has_sinks, wl, wr, sinks):
     """The first query tile of [t, end) that the mask does not skip for key tile ``ktile``
-    (``end`` if none)."""
+    (``end`` if none). Interval masks jump over a run of skipped tiles at once (a document
+    mask's key block skips every tile before its document and after it: one classification
+    per tile put a chain of dependent loads and tests before the block's first copy)."""
     while t < end:
         skip, _ = tile_kind(kind, mm, tab, tb, t, ktile, t * bm, bm, k0, bn, seqlen_q, seqlen_k,
                             has_left, has_right, has_sinks, wl, wr, sinks)
         if not skip:
             break
-        t += 1
+        nxt = t + 1
+        if kind == INTERVALS:
+            run_end = skipped_rows_end(mm, ktile, t * bm, min(t * bm + bm, seqlen_q))
+            nxt = max(nxt, run_end // bm)
+        t = nxt
     return t
 
 

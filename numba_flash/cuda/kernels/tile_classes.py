@@ -25,7 +25,8 @@ from numba import cuda
 from ..primitives import SIMULATOR
 from ..primitives.base import inlined
 
-__all__ = ["SKIP", "PARTIAL", "FULL", "MINMAX_FIELDS", "interval_class", "tile_minmax",
+__all__ = ["SKIP", "PARTIAL", "FULL", "MINMAX_FIELDS", "interval_class", "skipped_rows_end",
+           "tile_minmax",
            "tile_minmax_into", "classify_intervals", "classify_bitmask", "classify_mask_mod",
            "device_mask_mod"]
 
@@ -59,6 +60,19 @@ def interval_class(mm, t, a, b):
     if (b <= lts_min or a >= lte_max) and (b <= uts_min or a >= ute_max):
         return FULL
     return PARTIAL
+
+
+@inlined
+def skipped_rows_end(mm, t, a, b):
+    """For rows [a, b) that ``interval_class`` skips for key tile t: where the run of skipped
+    rows that holds them ends (every row from a up to it is masked for the whole key tile), so
+    a walk over query tiles jumps there instead of classifying each skipped tile in turn."""
+    end = b
+    if mm[1, t] <= a and b <= mm[2, t]:
+        end = mm[2, t]
+    if mm[5, t] <= a and b <= mm[6, t]:
+        end = max(end, mm[6, t])
+    return end
 
 
 def _minmax_kernel(iv, mm, seqlen_q, seqlen_k, block_n):
