@@ -3,7 +3,10 @@ chosen to separate a block's fixed cost (K / V loads, dK / dV stores, launch) fr
 of a full and of a partial (128-key x 64-row) tile, fitted by least squares over
 ``time x 132 SMs / (B H) = blocks x P + full x t + partial x tp``.
 
-    python scripts/experiments/backward_tile_costs.py [--json out.json]
+    python scripts/experiments/backward_tile_costs.py [--json out.json] [--profile]
+
+``--profile``: also each kernel's GPU time in one backward call of each case (torch.profiler,
+CUPTI: our driver-API launches included).
 
 Cases: the flags (full, causal) and document masks whose documents are multiples of 128 keys
 (no partial tile; blocks of 4-32 tiles) or shifted by 32 (partial tiles at every boundary).
@@ -35,6 +38,25 @@ def tile_counts(mask, causal):
         int(((vis > 0) & (vis < 64 * 128)).sum())
 
 
+def kernel_times(fn):
+    """{kernel name: GPU microseconds} of one call of fn (after a warm-up call), printed."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    times = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            times[ev.name[:60]] = times.get(ev.name[:60], 0.0) + ev.device_time
+    for name, us in sorted(times.items(), key=lambda x: -x[1]):
+        print(f"    {us:9.1f} us  {name}")
+    return times
+
+
 def cases():
     from numba_flash import masks as M
     shifted = [1024 + 32, 1024 - 32] * 4
@@ -50,6 +72,7 @@ def cases():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     import torch
 
@@ -66,6 +89,9 @@ def main():
         blocks, full, part = tile_counts(mask, causal)
         rows.append(dict(case=name, blocks=blocks, full=full, partial=part, bwd_ms=ms))
         print(f"{name:28s} {blocks:6d} {full:5d} {part:5d} {ms:7.3f}")
+        if args.profile:
+            rows[-1]["kernels_us"] = kernel_times(
+                lambda: numba_flash.attention_backward(dout, q, k, v, out, lse, **kw))
         torch.cuda.synchronize()
     a = np.array([[r["blocks"], r["full"], r["partial"]] for r in rows], float)
     y = np.array([r["bwd_ms"] * 1e3 * SMS / (B * H) for r in rows])

@@ -56,11 +56,14 @@ from ..primitives.base import inlined
 
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_convert_kernel", "make_fma_dkdv_kernel",
            "make_fma_dq_kernel", "make_mma_dkdv_kernel", "make_mma_dq_kernel", "fma_layout",
-           "mma_layout", "mma_dsplit", "mma_dq_layout", "mma_dkdv_smem_bytes", "PRE_THREADS", "REDUCE_THREADS",
+           "mma_layout", "mma_dsplit", "mma_dq_layout", "mma_dkdv_smem_bytes", "PRE_THREADS",
+           "PRE_ROWS", "REDUCE_THREADS",
            "ROW_PAD"]
 
 LOG2E = 1.4426950408889634
 PRE_THREADS = 128
+PRE_LANES = 8                   # preprocess lanes per row (the shuffle steps 4, 2, 1)
+PRE_ROWS = PRE_THREADS // PRE_LANES
 ROW_PAD = 64           # delta / lse2 rows are padded to a multiple of this
 REDUCE_THREADS = 256
 
@@ -348,7 +351,9 @@ def make_preprocess_kernel(half: bool, is_bf16: bool, is_f64: bool, varlen: bool
     (P = 0 there). ``varlen``: out, dout (1, total_q, Hq, W) and lse (1, Hq, total_q) are packed
     (sequence b at rows ``cu_q[b]..``, int32 cu_q (B + 1,), at most ``max_seqlen_q`` rows), and
     delta / lse2 get each sequence's rows from 0 (what the main kernels read). Grid
-    ``(ceil(SqP / PRE_THREADS), B * Hq)``, ``PRE_THREADS`` threads, one row each.
+    ``(ceil(SqP / PRE_ROWS), B * Hq)``, ``PRE_THREADS`` threads: ``PRE_LANES`` lanes per row,
+    each reading every PRE_LANES-th word (a group's loads cover whole 32-byte sectors), summed
+    by shuffles.
     """
     HALF, BF16, VARLEN = bool(half), bool(is_bf16), bool(varlen)
     npdt = np.float64 if is_f64 else np.float32
@@ -358,28 +363,31 @@ def make_preprocess_kernel(half: bool, is_bf16: bool, is_f64: bool, varlen: bool
         heads = out.shape[2]
         b = cuda.blockIdx.y // heads
         h = cuda.blockIdx.y % heads
-        row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        part = cuda.threadIdx.x % PRE_LANES
+        row = cuda.blockIdx.x * PRE_ROWS + cuda.threadIdx.x // PRE_LANES
         ab, q_off, _, n_rows, _ = block_sequence(VARLEN, cu_q, cu_q, b, out.shape[1], 0,
                                                  max_seqlen_q, 0)
         if not VARLEN:
             n_rows = out.shape[1]
-        if row >= delta.shape[2]:
-            return
-        if row >= n_rows:
-            delta[b, h, row] = 0
-            lse2[b, h, row] = math.inf
-            return
         src = q_off + row
         acc = npdt(0.0)
-        for w in range(out.shape[3]):
-            if HALF:
-                o0, o1 = unpack16(BF16, out[ab, src, h, w])
-                d0, d1 = unpack16(BF16, dout[ab, src, h, w])
-                acc += o0 * d0 + o1 * d1
+        if row < n_rows:
+            for w in range(part, out.shape[3], PRE_LANES):
+                if HALF:
+                    o0, o1 = unpack16(BF16, out[ab, src, h, w])
+                    d0, d1 = unpack16(BF16, dout[ab, src, h, w])
+                    acc += o0 * d0 + o1 * d1
+                else:
+                    acc += out[ab, src, h, w] * dout[ab, src, h, w]
+        for m in (4, 2, 1):         # the row's PRE_LANES lanes (every lane takes part)
+            acc += shfl_xor(acc, m)
+        if part == 0 and row < delta.shape[2]:
+            if row < n_rows:
+                delta[b, h, row] = acc
+                lse2[b, h, row] = lse[ab, h, src] * npdt(LSE_FACTOR)
             else:
-                acc += out[ab, src, h, w] * dout[ab, src, h, w]
-        delta[b, h, row] = acc
-        lse2[b, h, row] = lse[ab, h, src] * npdt(LSE_FACTOR)
+                delta[b, h, row] = 0
+                lse2[b, h, row] = math.inf
 
     return jit_kernel(kernel, ("bwd_pre", HALF, BF16, bool(is_f64), VARLEN))
 
@@ -782,9 +790,11 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
     call of more than 30 arguments is compiled as ``f(*args)``, which Numba cannot inline), the
     mask arguments as in ``pair_visible``; ``has_alibi``: scores less ``slope_log2`` times the
     distance."""
-    # a transposed fragment's keys are the lane's two (rows g, g + 8): their bounds, once
-    kb = key_pair_bounds(transposed and not full, kind, mk_iv, k0, own0 + (lane >> 2),
-                         where[1])
+    # a transposed fragment's keys are the lane's two (rows g, g + 8): their visible rows,
+    # once (flags and intervals; bitmask / mask_mod pairs are tested one by one)
+    kb = key_pair_rows(transposed and not full and (kind == NONE or kind == INTERVALS), kind,
+                       where, mk_iv, k0, own0 + (lane >> 2), r0, lane, has_left, has_right,
+                       has_sinks)
     # n-tiles one call each, not a loop: NVVM's unroller left such a loop rolled in some
     # kernels, which puts the fragments in local memory. n_tiles is 1, 2, 4 or 8 (no assert:
     # in device code it compiles to a runtime test and an exception path)
@@ -818,15 +828,60 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
 
 
 @inlined
-def key_pair_bounds(load, kind, iv, k0, own, seqlen_k):
-    """The interval bounds of keys k0 + own and k0 + own + 8 from a column-parallel block's
-    staged copy ``iv`` (columns from k0, ``stage_key_block``) when ``load``, else zeros."""
-    kb0 = (0, 0, 0, 0)
-    kb1 = (0, 0, 0, 0)
+def low_bits(n):
+    """uint64 with its n low bits set (0 <= n <= 64)."""
+    if n <= 0:
+        return np.uint64(0)
+    return ~np.uint64(0) >> np.uint64(64 - n)
+
+
+@inlined
+def row_bits(lo, hi, r0):
+    """uint64: bit i set where row r0 + i (i < 64) lies in [lo, hi)."""
+    return low_bits(min(max(hi - r0, 0), 64)) & ~low_bits(min(max(lo - r0, 0), 64))
+
+
+@inlined
+def key_rows(kpos, r0, where, has_left, has_right, has_sinks, kind, iv, kbase):
+    """uint64: bit i set where query row r0 + i sees key ``kpos`` (``pair_visible`` for kinds
+    NONE and INTERVALS, a key at a time): for one key the flags leave one run of rows
+    (bottom-right aligned: the window's [key - right, key + left] less the offset; a sink, every
+    row from its own position on), cut to the sequence, less the key's two masked intervals
+    (``iv``, columns from ``kbase``)."""
+    seqlen_q, seqlen_k, wl, wr, sinks, b, h = where
+    offset = seqlen_k - seqlen_q
+    lo = 0
+    hi = seqlen_q
+    if has_right:
+        lo = max(lo, kpos - wr - offset)
+    if has_left:
+        hi = min(hi, kpos + wl - offset + 1)
+    if has_sinks and kpos < sinks:   # the window's rows and every row from the key's own on
+        lo = min(lo, max(kpos - offset, 0))
+        hi = seqlen_q
+    bits = row_bits(lo, hi, r0)
+    if kpos >= seqlen_k:
+        bits = np.uint64(0)
+    if kind == INTERVALS:
+        lts, lte, uts, ute = column_bounds(kind, iv, kpos, seqlen_k, kbase)
+        bits &= ~(row_bits(lts, lte, r0) | row_bits(uts, ute, r0))
+    return bits
+
+
+@inlined
+def key_pair_rows(load, kind, where, iv, k0, own, r0, lane, has_left, has_right, has_sinks):
+    """The visible rows (``key_rows``) of a transposed fragment's two keys k0 + own and
+    k0 + own + 8 over tile rows r0.., shifted so that bit 8 j + c is the lane's column
+    8 j + 2 (lane & 3) + c; zeros unless ``load``. ``iv``: the block's staged intervals."""
+    m0 = np.uint64(0)
+    m1 = np.uint64(0)
     if load:
-        kb0 = column_bounds(kind, iv, k0 + own, seqlen_k, k0)
-        kb1 = column_bounds(kind, iv, k0 + own + 8, seqlen_k, k0)
-    return kb0, kb1
+        shift = np.uint64(2 * (lane & 3))
+        m0 = key_rows(k0 + own, r0, where, has_left, has_right, has_sinks, kind, iv,
+                      k0) >> shift
+        m1 = key_rows(k0 + own + 8, r0, where, has_left, has_right, has_sinks, kind, iv,
+                      k0) >> shift
+    return m0, m1
 
 
 @inlined
@@ -853,8 +908,8 @@ def probs_tile(j, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lb
 def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, full, where, has_left, has_right, has_sinks, kind,
                mk_iv, kb, mk_bits, mod, has_alibi, slope_log2):
-    """(p, ds) of fragment element 4 j + e + c (0 where masked); ``kb``: the bounds of a
-    transposed fragment's two keys (``key_pair_bounds``)."""
+    """(p, ds) of fragment element 4 j + e + c (0 where masked); ``kb``: the visible rows of
+    a transposed fragment's two keys (``key_pair_rows``)."""
     seqlen_q, seqlen_k, wl, wr, sinks, b, h = where
     offset = seqlen_k - seqlen_q
     own = own0 + (lane >> 2) + 4 * e
@@ -866,15 +921,16 @@ def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, 
                         scale_log2, cap_in, cap_log2, has_softcap, True, has_alibi,
                         slope_log2 * np.float32(abs(row + offset - key)))
     if not full:
-        if transposed:
-            lts, lte, uts, ute = kb[0] if e == 0 else kb[1]
+        if transposed and (kind == NONE or kind == INTERVALS):
+            rows = kb[0] if e == 0 else kb[1]
+            vis = ((rows >> np.uint64(8 * j + c)) & np.uint64(1)) != np.uint64(0)
         else:
             lts, lte, uts, ute = column_bounds(kind, mk_iv, key, seqlen_k)
-        if not pair_visible(row, key, seqlen_q, seqlen_k, offset, has_left, has_right,
-                            has_sinks, wl, wr, sinks, kind, lts, lte, uts, ute, b, h, mk_bits,
-                            mod):
-            p = np.float32(0.0)
-            ds = np.float32(0.0)
+            vis = pair_visible(row, key, seqlen_q, seqlen_k, offset, has_left, has_right,
+                               has_sinks, wl, wr, sinks, kind, lts, lte, uts, ute, b, h,
+                               mk_bits, mod)
+        p = p if vis else np.float32(0.0)
+        ds = ds if vis else np.float32(0.0)
     return p, ds
 
 

@@ -296,7 +296,7 @@ def _preprocess(call, ko, kdo, klse, cu_q):
     bf16 = _HALF.get(call.dtype_name, False)
     pre = _cached(("pre", call.half, bf16, call.is_f64, call.lead),
                   lambda: bw.make_preprocess_kernel(call.half, bf16, call.is_f64, call.lead))
-    _launch(call, pre, ((rows_padded + bw.PRE_THREADS - 1) // bw.PRE_THREADS,
+    _launch(call, pre, ((rows_padded + bw.PRE_ROWS - 1) // bw.PRE_ROWS,
                         call.batch * call.heads_q), bw.PRE_THREADS,
             (ko, kdo, klse, delta, lse2, cu_q, call.seqlen_q))
     return delta, lse2
