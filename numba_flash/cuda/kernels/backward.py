@@ -26,8 +26,11 @@ group in head order. Workspace: 2 x B x Sk x Hq x D accumulator elements when Hq
 Masks: the forward's flags (window left / right, causal = right 0, bottom-right alignment,
 sinks with a left bound, softcap) and FlashMask column intervals (``masking.INTERVALS``: the
 per-key-tile min/max vectors classify each (query tile, key tile) as skipped, fully visible or
-partial; per-element tests only in partial tiles, with the key column's 4 bounds loaded once
-per block into registers); bitmask and mask_mod objects (``BITMASK`` / ``MASK_MOD``: a class
+partial; per-element tests only in partial tiles: the CUDA-core kernels load a key column's
+4 bounds once per block into registers, the tensor-core dK / dV kernels stage their key tile's
+intervals in shared memory (``stage_key_block``) and test a lane's keys against 64-bit row
+masks built once per tile (``key_rows``), and a walk over query tiles jumps over a masked run
+(``next_query_tile``)); bitmask and mask_mod objects (``BITMASK`` / ``MASK_MOD``: a class
 table built for the kernel's tiles, per-element tests from the bitmask words or the user's
 compiled function). ALiBi (``has_alibi``): scores less slope * |q_pos - k_pos| when P is
 recomputed; the gradient formulas are unchanged (the bias is constant in q.k).
