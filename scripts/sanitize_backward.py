@@ -7,8 +7,9 @@ numba_flash.attention_backward on torch tensors (Sq 77, Sk 93, GQA 2, causal and
 kernel, kernels/backward_wgmma.py; elsewhere one warp per 16 keys), 80 (16-column dQ units)
 and 192 / 256 (two warps per 16 keys), atomic and deterministic dQ; float32 / float64 at 64
 and 96 (CUDA-core kernels); interval masks (causal_document, shared_question: the staged
-bounds) in bfloat16 at 64 / 128 / 256. ``--wgmma``: only the 16-bit head_dim 64 / 128 / 256 cases (the
-wgmma kernel on compute capability 9.0), for a sanitizer run that fits a short time limit.
+bounds) in bfloat16 at 64 / 128 / 256. ``--wgmma``: only the 16-bit head_dim 64 / 128 / 256
+cases (the wgmma kernel on compute capability 9.0), for a sanitizer run that fits a short
+time limit.
 """
 import argparse
 

@@ -172,6 +172,13 @@ INTERVAL_CASES = [
 ]
 
 
+def test_intervals_with_window_and_sinks():
+    """Interval mask intersected with a window and sinks on the tensor-core dK / dV kernel: the
+    row masks of ``key_rows`` (window run, sinks' rows, the key's masked intervals) at once."""
+    run_case(np.random.default_rng(12), "float16", 1, 40, 40, 1, 1, 16, window=(12, 0),
+             sinks=4, mask=M.CausalDocumentMask([15, 10, 15]), tiles=MMA_TILES)
+
+
 @pytest.mark.parametrize("case", INTERVAL_CASES, ids=lambda c: f"{c[0]}-{c[3]!r}-{c[4]}")
 def test_intervals_mask(case):
     """FlashMask column intervals, alone and intersected with the causal flag."""

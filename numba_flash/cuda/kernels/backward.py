@@ -29,7 +29,7 @@ per-key-tile min/max vectors classify each (query tile, key tile) as skipped, fu
 partial; per-element tests only in partial tiles: the CUDA-core kernels load a key column's
 4 bounds once per block into registers, the tensor-core dK / dV kernels stage their key tile's
 intervals in shared memory (``stage_key_block``) and test a lane's keys against 64-bit row
-masks built once per tile (``key_rows``), and a walk over query tiles jumps over a masked run
+masks built once per call of ``probs_grads`` (a tile, or a 16-row slice; ``key_rows``), and a walk over query tiles jumps over a masked run
 (``next_query_tile``)); bitmask and mask_mod objects (``BITMASK`` / ``MASK_MOD``: a class
 table built for the kernel's tiles, per-element tests from the bitmask words or the user's
 compiled function). ALiBi (``has_alibi``): scores less slope * |q_pos - k_pos| when P is
@@ -60,13 +60,13 @@ from ..primitives.base import inlined
 __all__ = ["make_preprocess_kernel", "make_reduce_kernel", "make_convert_kernel", "make_fma_dkdv_kernel",
            "make_fma_dq_kernel", "make_mma_dkdv_kernel", "make_mma_dq_kernel", "fma_layout",
            "mma_layout", "mma_dsplit", "mma_dq_layout", "mma_dkdv_smem_bytes", "PRE_THREADS",
-           "PRE_ROWS", "REDUCE_THREADS",
-           "ROW_PAD"]
+           "PRE_ROWS", "REDUCE_THREADS", "ROW_PAD"]
 
 LOG2E = 1.4426950408889634
 PRE_THREADS = 128
-PRE_LANES = 8                   # preprocess lanes per row (the shuffle steps 4, 2, 1)
+PRE_LANES = 8                   # preprocess lanes per row (a power of two up to 32)
 PRE_ROWS = PRE_THREADS // PRE_LANES
+PRE_SHUFFLES = tuple(PRE_LANES >> i for i in range(1, PRE_LANES.bit_length()))   # 4, 2, 1
 ROW_PAD = 64           # delta / lse2 rows are padded to a multiple of this
 REDUCE_THREADS = 256
 
@@ -133,9 +133,13 @@ def column_bounds(kind, iv, kpos, seqlen_k, kbase=0):
     return 0, 0, 0, 0
 
 
+MINMAX_ROWS = 8                 # a key tile's min/max values (tile_classes.MINMAX_FIELDS)
+
+
 def stage_words(block_n: int) -> int:
-    """32-bit words of shared memory ``stage_key_block`` fills for a ``block_n``-key block."""
-    return 8 + 4 * block_n
+    """32-bit words of shared memory ``stage_key_block`` fills for a ``block_n``-key block
+    (reserved whatever the mask kind: at most 2 KB, no change of occupancy)."""
+    return MINMAX_ROWS + 4 * block_n
 
 
 @inlined
@@ -149,13 +153,14 @@ def stage_key_block(kind, mk_iv, mk_mm, ktile, k0, seqlen_k, dyn, off, bn, tid, 
     ``ktile`` back. The caller synchronises the block before the first use."""
     if kind != INTERVALS:
         return mk_mm, mk_iv, ktile
-    for i in range(tid, 8 + 4 * bn, nthreads):
-        if i < 8:
+    for i in range(tid, MINMAX_ROWS + 4 * bn, nthreads):
+        if i < MINMAX_ROWS:
             dyn[off + i] = mk_mm[i, ktile]
         else:
-            c = (i - 8) % bn
-            dyn[off + i] = mk_iv[(i - 8) // bn, min(k0 + c, seqlen_k - 1)]
-    return shared_view(dyn, off, 8, 1), shared_view(dyn, off + 8, 4, bn), 0
+            c = (i - MINMAX_ROWS) % bn
+            dyn[off + i] = mk_iv[(i - MINMAX_ROWS) // bn, min(k0 + c, seqlen_k - 1)]
+    return (shared_view(dyn, off, MINMAX_ROWS, 1), shared_view(dyn, off + MINMAX_ROWS, 4, bn),
+            0)
 
 
 @inlined
@@ -382,7 +387,7 @@ def make_preprocess_kernel(half: bool, is_bf16: bool, is_f64: bool, varlen: bool
                     acc += o0 * d0 + o1 * d1
                 else:
                     acc += out[ab, src, h, w] * dout[ab, src, h, w]
-        for m in (4, 2, 1):         # the row's PRE_LANES lanes (every lane takes part)
+        for m in PRE_SHUFFLES:      # the row's PRE_LANES lanes (every lane takes part)
             acc += shfl_xor(acc, m)
         if part == 0 and row < delta.shape[2]:
             if row < n_rows:
@@ -661,7 +666,7 @@ def mma_layout(head_dim: int):
     """(warps, keys owned per block, rows per streamed query tile) of the 16-bit dK / dV
     kernel. Up to head_dim 128: 8 warps own 16 keys each, 128 keys (as FlashAttention-2's: half
     the dQ atomics and Q / dO traffic of 64) and stream 64-row query tiles, double-buffered in
-    dynamic shared memory (``mma_dkdv_smem_bytes``: 159 KB at 128, one block per SM; 93 KB at
+    dynamic shared memory (``mma_dkdv_smem_bytes``: 157 KiB at 128, one block per SM; 93 KiB at
     64, two); each tile is worked in 16-row slices so that the per-warp fragment arrays stay
     small and in registers. head_dim 160-256 (multiples of 32): the dK / dV accumulators of 16
     keys by the whole head would fill a warp's registers, so two warps share 16 keys, each
@@ -710,7 +715,7 @@ def _padded(words: int) -> int:
 def mma_dkdv_smem_bytes(head_dim: int, warps: int, block_m: int, block_n: int = 0) -> int:
     """Dynamic shared memory of the 16-bit dK / dV kernel: K, V (``block_n`` rows, default 16
     per warp), two buffers of Q, dO (block_m rows) and of their base-2 lse and delta, and dS^T
-    (keys x block_m / 2 words)."""
+    (keys x block_m / 2 words), and the staged mask intervals (``stage_words``)."""
     bn, dwp = block_n or 16 * warps, _padded(head_dim // 2)
     return 4 * (2 * bn * dwp + 4 * block_m * dwp + bn * _padded(block_m // 2) + 4 * block_m
                 + stage_words(bn))
@@ -791,43 +796,44 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
     and row offset as one flat index base, see ``row_stats``). Masked pairs give 0; ``where``:
     the block's (seqlen_q, seqlen_k, window_left, window_right, sinks, b, h) (one argument: a
     call of more than 30 arguments is compiled as ``f(*args)``, which Numba cannot inline), the
-    mask arguments as in ``pair_visible``; ``has_alibi``: scores less ``slope_log2`` times the
-    distance."""
+    mask arguments as in ``pair_visible``, except that a transposed call with INTERVALS passes
+    its block's staged copy as ``mk_iv`` (columns from k0: ``stage_key_block``);
+    ``has_alibi``: scores less ``slope_log2`` times the distance."""
     # a transposed fragment's keys are the lane's two (rows g, g + 8): their visible rows,
     # once (flags and intervals; bitmask / mask_mod pairs are tested one by one)
-    kb = key_pair_rows(transposed and not full and (kind == NONE or kind == INTERVALS), kind,
-                       where, mk_iv, k0, own0 + (lane >> 2), r0, lane, has_left, has_right,
-                       has_sinks)
+    key_masks = key_pair_rows(uses_row_masks(transposed, kind) and not full, kind, where,
+                              mk_iv, k0, own0 + (lane >> 2), r0, lane, has_left, has_right,
+                              has_sinks)
     # n-tiles one call each, not a loop: NVVM's unroller left such a loop rolled in some
     # kernels, which puts the fragments in local memory. n_tiles is 1, 2, 4 or 8 (no assert:
     # in device code it compiles to a runtime test and an exception path)
     probs_tile(0, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right, has_sinks,
-               kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
+               kind, mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2)
     if n_tiles > 1:
         probs_tile(1, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2)
     if n_tiles > 2:
         probs_tile(2, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2)
         probs_tile(3, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2)
     if n_tiles > 4:
         probs_tile(4, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2)
         probs_tile(5, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2)
         probs_tile(6, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2)
         probs_tile(7, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                    cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-                   has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2)
+                   has_sinks, kind, mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2)
 
 
 @inlined
@@ -850,7 +856,8 @@ def key_rows(kpos, r0, where, has_left, has_right, has_sinks, kind, iv, kbase):
     NONE and INTERVALS, a key at a time): for one key the flags leave one run of rows
     (bottom-right aligned: the window's [key - right, key + left] less the offset; a sink, every
     row from its own position on), cut to the sequence, less the key's two masked intervals
-    (``iv``, columns from ``kbase``)."""
+    (``iv``, columns from ``kbase``). As the callers' flags guarantee: window left >= 0 with
+    ``has_left``, right >= 0 with ``has_right``, ``has_sinks`` only with ``has_left``."""
     seqlen_q, seqlen_k, wl, wr, sinks, b, h = where
     offset = seqlen_k - seqlen_q
     lo = 0
@@ -872,36 +879,45 @@ def key_rows(kpos, r0, where, has_left, has_right, has_sinks, kind, iv, kbase):
 
 
 @inlined
+def uses_row_masks(transposed, kind):
+    """Whether ``probs_grads`` tests a fragment's pairs against its keys' row masks
+    (``key_pair_rows``: transposed fragments, flags and interval masks) rather than one by one
+    (``pair_visible``)."""
+    return transposed and (kind == NONE or kind == INTERVALS)
+
+
+@inlined
 def key_pair_rows(load, kind, where, iv, k0, own, r0, lane, has_left, has_right, has_sinks):
     """The visible rows (``key_rows``) of a transposed fragment's two keys k0 + own and
-    k0 + own + 8 over tile rows r0.., shifted so that bit 8 j + c is the lane's column
-    8 j + 2 (lane & 3) + c; zeros unless ``load``. ``iv``: the block's staged intervals."""
-    m0 = np.uint64(0)
-    m1 = np.uint64(0)
+    k0 + own + 8 (``own``: the warp's first key plus lane >> 2) over tile rows r0.., shifted
+    so that bit 8 j + c is the lane's column 8 j + 2 (lane & 3) + c; zeros unless ``load``.
+    ``iv``: the block's staged intervals."""
+    rows_key0 = np.uint64(0)
+    rows_key8 = np.uint64(0)
     if load:
         shift = np.uint64(2 * (lane & 3))
-        m0 = key_rows(k0 + own, r0, where, has_left, has_right, has_sinks, kind, iv,
-                      k0) >> shift
-        m1 = key_rows(k0 + own + 8, r0, where, has_left, has_right, has_sinks, kind, iv,
-                      k0) >> shift
-    return m0, m1
+        rows_key0 = key_rows(k0 + own, r0, where, has_left, has_right, has_sinks, kind, iv,
+                             k0) >> shift
+        rows_key8 = key_rows(k0 + own + 8, r0, where, has_left, has_right, has_sinks, kind,
+                             iv, k0) >> shift
+    return rows_key0, rows_key8
 
 
 @inlined
 def probs_tile(j, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left, has_right,
-               has_sinks, kind, mk_iv, kb, mk_bits, mod, has_alibi, slope_log2):
+               has_sinks, kind, mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2):
     """``probs_grads`` for n-tile ``j``: the packed pairs are built from values, ``st`` and
     ``dpt`` are only read (ptxas serialises wgmma when the accumulators of a completed group
     are written in a branch while later groups are in flight)."""
     for e in range(0, 4, 2):
         p0, ds0 = pair_grads(j, e, 0, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf,
                              scale_log2, cap_in, cap_log2, has_softcap, full, where, has_left,
-                             has_right, has_sinks, kind, mk_iv, kb, mk_bits, mod,
+                             has_right, has_sinks, kind, mk_iv, key_masks, mk_bits, mod,
                              has_alibi, slope_log2)
         p1, ds1 = pair_grads(j, e, 1, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf,
                              scale_log2, cap_in, cap_log2, has_softcap, full, where, has_left,
-                             has_right, has_sinks, kind, mk_iv, kb, mk_bits, mod,
+                             has_right, has_sinks, kind, mk_iv, key_masks, mk_bits, mod,
                              has_alibi, slope_log2)
         pkp[2 * j + e // 2] = pack16(is_bf16, p0, p1)
         pkd[2 * j + e // 2] = pack16(is_bf16, ds0, ds1)
@@ -910,8 +926,8 @@ def probs_tile(j, st, dpt, pkp, pkd, lane, transposed, own0, r0, k0, ls, dls, lb
 @inlined
 def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, scale_log2,
                cap_in, cap_log2, has_softcap, full, where, has_left, has_right, has_sinks, kind,
-               mk_iv, kb, mk_bits, mod, has_alibi, slope_log2):
-    """(p, ds) of fragment element 4 j + e + c (0 where masked); ``kb``: the visible rows of
+               mk_iv, key_masks, mk_bits, mod, has_alibi, slope_log2):
+    """(p, ds) of fragment element 4 j + e + c (0 where masked); ``key_masks``: the visible rows of
     a transposed fragment's two keys (``key_pair_rows``)."""
     seqlen_q, seqlen_k, wl, wr, sinks, b, h = where
     offset = seqlen_k - seqlen_q
@@ -924,8 +940,8 @@ def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, 
                         scale_log2, cap_in, cap_log2, has_softcap, True, has_alibi,
                         slope_log2 * np.float32(abs(row + offset - key)))
     if not full:
-        if transposed and (kind == NONE or kind == INTERVALS):
-            rows = kb[0] if e == 0 else kb[1]
+        if uses_row_masks(transposed, kind):
+            rows = key_masks[0] if e == 0 else key_masks[1]
             vis = ((rows >> np.uint64(8 * j + c)) & np.uint64(1)) != np.uint64(0)
         else:
             lts, lte, uts, ute = column_bounds(kind, mk_iv, key, seqlen_k)

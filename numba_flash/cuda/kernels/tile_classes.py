@@ -26,9 +26,8 @@ from ..primitives import SIMULATOR
 from ..primitives.base import inlined
 
 __all__ = ["SKIP", "PARTIAL", "FULL", "MINMAX_FIELDS", "interval_class", "skipped_rows_end",
-           "tile_minmax",
-           "tile_minmax_into", "classify_intervals", "classify_bitmask", "classify_mask_mod",
-           "device_mask_mod"]
+           "tile_minmax", "tile_minmax_into", "classify_intervals", "classify_bitmask",
+           "classify_mask_mod", "device_mask_mod"]
 
 SKIP, PARTIAL, FULL = 0, 1, 2
 MINMAX_FIELDS = ("lts_min", "lts_max", "lte_min", "lte_max",
