@@ -801,7 +801,7 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
     ``has_alibi``: scores less ``slope_log2`` times the distance."""
     # a transposed fragment's keys are the lane's two (rows g, g + 8): their visible rows,
     # once (flags and intervals; bitmask / mask_mod pairs are tested one by one)
-    key_masks = key_pair_rows(uses_row_masks(transposed, kind) and not full, kind, where,
+    key_masks = key_pair_rows(transposed and not full and row_mask_kind(kind), kind, where,
                               mk_iv, k0, own0 + (lane >> 2), r0, lane, has_left, has_right,
                               has_sinks)
     # n-tiles one call each, not a loop: NVVM's unroller left such a loop rolled in some
@@ -879,11 +879,10 @@ def key_rows(kpos, r0, where, has_left, has_right, has_sinks, kind, iv, kbase):
 
 
 @inlined
-def uses_row_masks(transposed, kind):
-    """Whether ``probs_grads`` tests a fragment's pairs against its keys' row masks
-    (``key_pair_rows``: transposed fragments, flags and interval masks) rather than one by one
-    (``pair_visible``)."""
-    return transposed and (kind == NONE or kind == INTERVALS)
+def row_mask_kind(kind):
+    """Whether ``probs_grads`` tests a transposed fragment's pairs against its keys' row masks
+    (``key_pair_rows``: flags and interval masks) rather than one by one (``pair_visible``)."""
+    return kind == NONE or kind == INTERVALS
 
 
 @inlined
@@ -940,7 +939,7 @@ def pair_grads(j, e, c, st, dpt, lane, transposed, own0, r0, k0, ls, dls, lbuf, 
                         scale_log2, cap_in, cap_log2, has_softcap, True, has_alibi,
                         slope_log2 * np.float32(abs(row + offset - key)))
     if not full:
-        if uses_row_masks(transposed, kind):
+        if transposed and row_mask_kind(kind):
             rows = key_masks[0] if e == 0 else key_masks[1]
             vis = ((rows >> np.uint64(8 * j + c)) & np.uint64(1)) != np.uint64(0)
         else:
