@@ -25,7 +25,7 @@ import kernel_resources as kr  # noqa: E402  (sets NUMBA_ENABLE_CUDASIM=0)
 from numba_flash.cuda.kernels import forward_dmma, forward_fma, forward_mma, forward_tf32x3  # noqa: E402,E501
 from numba_flash.cuda.kernels import forward_ws  # noqa: E402
 from numba_flash.cuda.kernels import forward_geometry as geometry  # noqa: E402
-from numba_flash.cuda.kernels.masking import BITMASK, INTERVALS  # noqa: E402
+from numba_flash.cuda.kernels.masking import BITMASK, INTERVALS, NONE  # noqa: E402
 
 # name: (dtype, head_dim, (has_left, has_right, has_sinks, has_softcap, write_lse), extra)
 _FLAGS = {"plain": (False, False, False, False, True),
@@ -64,16 +64,19 @@ for _exact, _d in (("dmma", 64), ("tf32x3", 64)):
     for _flag in ("causal", "window_sinks", "softcap"):
         CONFIGS.append((f"{_exact}_d{_d}_{_flag}", _exact, _d, _FLAGS[_flag], {}, False))
 
-# The warp-specialised wgmma kernel (plain / causal, head_dim 96 / 128 / 256).
-WS_CONFIGS = [("ws_float16_d96_plain", False, 96, False),
-              ("ws_float16_d128_plain", False, 128, False),
-              ("ws_bfloat16_d128_causal", True, 128, True),
-              ("ws_float16_d256_causal", False, 256, True)]
+# The warp-specialised wgmma kernel (plain / causal / interval mask, head_dim 96 / 128 / 256).
+WS_CONFIGS = [("ws_float16_d96_plain", False, 96, False, NONE),
+              ("ws_float16_d128_plain", False, 128, False, NONE),
+              ("ws_bfloat16_d128_causal", True, 128, True, NONE),
+              ("ws_float16_d256_causal", False, 256, True, NONE),
+              ("ws_bfloat16_d96_intervals_causal", True, 96, True, INTERVALS),
+              ("ws_bfloat16_d128_intervals", True, 128, False, INTERVALS),
+              ("ws_float16_d128_intervals_causal", False, 128, True, INTERVALS)]
 
 
-def build_ws(is_bf16: bool, head_dim: int, causal: bool):
+def build_ws(is_bf16: bool, head_dim: int, causal: bool, mask_kind: int = NONE):
     """(py_func, signature, cc, maxntid) of one warp-specialised configuration."""
-    kern = forward_ws.make_ws_kernel(head_dim, is_bf16, causal, True)
+    kern = forward_ws.make_ws_kernel(head_dim, is_bf16, causal, True, mask_kind)
     return kern.py_func, kr.forward_signature(True), (9, 0, "a"), forward_ws.WS_THREADS
 
 
@@ -172,8 +175,8 @@ def main():
     builds = [(name, lambda c=(dtype, d, flags, extra, wg): build(*c))
               for name, dtype, d, flags, extra, wg in CONFIGS
               if not args.only or args.only in name]
-    builds += [(name, lambda c=(bf16, d, causal): build_ws(*c))
-               for name, bf16, d, causal in WS_CONFIGS if not args.only or args.only in name]
+    builds += [(name, lambda c=(bf16, d, causal, kind): build_ws(*c))
+               for name, bf16, d, causal, kind in WS_CONFIGS if not args.only or args.only in name]
     sys.exit(snapshot(builds, args.out, args.compare))
 
 

@@ -213,6 +213,36 @@ def test_gpu_every_example_mask_fp16(n):
 
 
 @gpu
+@pytest.mark.parametrize("dtype_name, d", [("bfloat16", 128), ("float16", 96)])
+def test_gpu_warp_specialised_interval_masks(dtype_name, d):
+    """Column-interval masks at head_dim 96 / 128 take the warp-specialised kernel (its walk
+    over the tiles the mask does not skip, the producer's packed bounds of partial tiles):
+    FlashMask's interval masks, alone and with causal, at odd lengths, Sq != Sk, GQA 2, and a
+    walk whose visible tiles lie past the first 32 key tiles, against the float64 reference."""
+    from numba_flash.cuda.launch import attention as launch
+    from numba_flash.cuda.kernels.masking import INTERVALS
+
+    if not launch.wgmma_device():
+        pytest.skip("the warp-specialised kernel runs on compute capability 9.0 only")
+    for causal in (False, True):
+        entry = launch.kernel_for(dtype_name, d, False, causal, False, False, True, INTERVALS)
+        assert entry.threads == 384, entry
+    rng = np.random.default_rng(d)
+    n = 1029
+    docs = [300, 7, 500, n - 807]
+    cases = [(masks.causal_document(docs), {}), (masks.document(docs), {}),
+             (masks.shared_question([n - 9, 9], [n // 3, 3], [[n - 9 - n // 3 - 4, 4], [6]]), {}),
+             (masks.global_sliding_window(64, 200), {}), (masks.prefix_lm_causal(n // 4), {}),
+             (masks.document(docs), dict(causal=True))]
+    for mask, kw in cases:
+        _attention_case(rng, dtype_name, 2, n, n, 4, 2, d, mask, **kw)
+    _attention_case(rng, dtype_name, 1, 517, n, 2, 1, d, masks.document([n - 130, 130]),
+                    causal=True)
+    sk = 4500                  # 36 key tiles: the visible ones in the second group of 32
+    _attention_case(rng, dtype_name, 1, 200, sk, 2, 2, d, masks.document([sk - 130, 130]))
+
+
+@gpu
 def test_gpu_interval_memory_is_linear():
     """Intervals cost O(N) device memory: 16 bytes per key plus 32 per key tile."""
     n = 16384

@@ -9,7 +9,7 @@ over PYTHONPATH, so PYTHONPATH=TREE runs the working tree's code)
 
 Each configuration: median ms of 20 calls between CUDA events after warm-up (bench_masks.timed), B4 H16 N4096
 (fp32 / fp64: B2 N2048; masks: B2 N8192; and fp16 hd128 N1024 at B4 / B16, 50 calls), torch
-inputs.
+inputs. ``--masks``: the mask set of bench_masks.py instead.
 """
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--exact", action="store_true",
                     help="float64 on DMMA (precision='tensor_cores') and SDPA's math fp64 only")
+    ap.add_argument("--masks", action="store_true",
+                    help="bench_masks' FlashMask set only (bf16 (2, 16, 8192, 128), and causal "
+                         "document at fp16 head_dim 96)")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated substrings: time only the configurations named so")
     args = ap.parse_args()
     import torch
 
@@ -35,6 +40,19 @@ def main():
         return [torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3)]
 
     rows = {}
+    if args.masks:
+        from bench_masks import mask_set
+
+        for d, dtype, names in ((128, torch.bfloat16, None), (96, torch.float16,
+                                                              ("causal_document",))):
+            q, k, v = inputs(2, 8192, 16, d, dtype)
+            for name, mask in mask_set(8192).items():
+                if mask is None or (names and name not in names):
+                    continue
+                rows[f"{str(dtype)[6:]}_d{d}_{name}"] = timed(
+                    lambda: numba_flash.attention(q, k, v, mask=mask), 20)
+        _report(args, rows, torch)
+        return
     if args.exact:
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -59,6 +77,8 @@ def main():
             "float16_d256": (2, 4096, 256, torch.float16),
             "float32_d64": (2, 2048, 64, torch.float32),
             "float64_d128": (2, 2048, 128, torch.float64)}.items():
+        if args.only and not any(part in name for part in args.only.split(",")):
+            continue
         q, k, v = inputs(b, n, 16, d, dtype)
         rows[f"{name}_causal"] = timed(lambda: numba_flash.attention(q, k, v, causal=True), 20)
         rows[f"{name}_full"] = timed(lambda: numba_flash.attention(q, k, v), 20)

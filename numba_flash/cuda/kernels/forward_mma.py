@@ -26,9 +26,8 @@ from .forward_mma_tiles import (copy_coords, copy_k_stage, copy_rows, exp_and_pa
                                 qk_mma, qk_wgmma, rescale_acc, score_logits, store_output,
                                 update_row_max, wgmma_tiles)
 from .jitcache import jit_kernel
-from .masking import (INTERVALS, LOG2E, NONE, chunk_classes, first_in_chunk,
-                      flags_see_whole_tile, key_tiles, mask_mod_device, past_sinks,
-                      score_mod_device, skip_empty_chunks)
+from .masking import (INTERVALS, LOG2E, NONE, flags_see_whole_tile, key_tiles,
+                      mask_mod_device, score_mod_device, walk_next, walk_start)
 from .schedule import group_keys, query_tile_of_block
 from .sequences import clear_unowned_rows, packed_sequence
 
@@ -244,17 +243,9 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
         # votes), and the walk jumps from set bit to set bit: no serial chain of class loads.
         r_lo = qtile * BM
         r_hi = min(r_lo + BM, seqlen_q)
-        tile = first
-        base = first
-        vbits = np.int64(0)
-        fbits = np.int64(0)
-        if KIND != NONE:
-            vbits, fbits = chunk_classes(KIND, mk_mm, mk_tab, tb, qtile, base, lane, tile_lo,
-                                         tile_hi, sink_tiles, r_lo, r_hi)
-            base, vbits, fbits = skip_empty_chunks(KIND, mk_mm, mk_tab, tb, qtile, base, vbits,
-                                                   fbits, lane, last, tile_lo, tile_hi,
-                                                   sink_tiles, r_lo, r_hi, has_sinks)
-            tile = first_in_chunk(base, vbits, last)
+        tile, base, vbits, fbits = walk_start(KIND, mk_mm, mk_tab, tb, qtile, first, last, lane,
+                                              tile_lo, tile_hi, sink_tiles, r_lo, r_hi,
+                                              has_sinks)
         if tile <= last:
             if Q_SMEM:  # the Q tile joins the first K tile's copy group (rows past Sq: zeros)
                 copy_rows(qs, sbase + Q_OFF + cp_dst, q, ab, q_off, qtile * BM, seqlen_q, h, cp_row,
@@ -264,21 +255,16 @@ def make_mma_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: boo
                          mk_iv, tid, THREADS, IV_PER_THREAD, BN, IV_SMEM)
 
         while tile <= last:
-            nxt = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
-            if KIND != NONE:
-                mask_full = ((fbits >> (tile - base)) & 1) != 0
-                vbits &= vbits - 1          # drop this tile; the next set bit is nxt
-                base, vbits, fbits = skip_empty_chunks(KIND, mk_mm, mk_tab, tb, qtile, base, vbits,
-                                                       fbits, lane, last, tile_lo, tile_hi,
-                                                       sink_tiles, r_lo, r_hi, has_sinks)
-                nxt = first_in_chunk(base, vbits, last)
+            nxt, mask_full, base, vbits, fbits = walk_next(KIND, tile, base, vbits, fbits, mk_mm,
+                                                           mk_tab, tb, qtile, last, lane, tile_lo,
+                                                           tile_hi, sink_tiles, r_lo, r_hi,
+                                                           has_sinks)
             # Is every (row, key) pair of this tile visible? Then no per-element mask.
             in_window = tile >= tile_lo and tile <= tile_hi
             k0 = tile * BN
             full = flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k, window_left,
                                         window_right, sinks, BN, has_left, has_right, has_sinks)
-            if KIND != NONE:
-                full = full and mask_full
+            full = full and mask_full
 
             cp_async_wait_all()
             if WG:

@@ -25,10 +25,13 @@ from ..primitives.base import inlined
 __all__ = ["store_output", "ldmatrix_lane", "copy_coords", "load_q_fragments", "init_rows",
            "copy_rows", "mma_pair", "qk_mma", "qk_wgmma", "pv_mma", "pv_wgmma", "score_logits",
            "mask_tile", "update_row_max", "exp_and_pack", "rescale_acc", "copy_bounds",
-           "wgmma_tiles", "copy_k_stage", "qk_wgmma_start", "pv_wgmma_start"]
+           "wgmma_tiles", "copy_k_stage", "qk_wgmma_start", "pv_wgmma_start", "row_bounds_word",
+           "mask_tile_rows", "TILE_ROWS_HIDDEN"]
 
 NEG_INF = -math.inf
 POS_INF = math.inf
+# ``row_bounds_word`` of a key that no row of the query tile sees (interval [0, 128)).
+TILE_ROWS_HIDDEN = 128 << 8
 
 
 @inlined
@@ -510,3 +513,47 @@ def copy_k_stage(ks, k_addr, k, ab, k_off, key0, seqlen_k, hk, cp_row, cp_part, 
     if iv_smem:
         copy_bounds(iv_addr, mk_iv, key0, seqlen_k, tid, threads, iv_per_thread, bn)
     cp_async_commit()
+
+
+@inlined
+def row_bounds_word(mk_iv, key, seqlen_k, row0):
+    """The masked rows of key ``key`` (``mk_iv`` int32 (4, Sk): rows [lts, lte) and [uts, ute)
+    hidden) inside the 128-row query tile that starts at row ``row0``, packed in one uint32 for
+    ``mask_tile_rows``: bytes (start, length) of each interval relative to ``row0``, clamped to
+    the tile (0 .. 128), so a row r of the tile is hidden when ``r - row0 - start`` is below
+    ``length`` as unsigned numbers. A key past ``seqlen_k`` hides every row
+    (``TILE_ROWS_HIDDEN``)."""
+    word = np.uint32(TILE_ROWS_HIDDEN)
+    if key < seqlen_k:
+        lts = min(max(mk_iv[0, key] - row0, 0), 128)
+        lte = min(max(mk_iv[1, key] - row0, lts), 128)
+        uts = min(max(mk_iv[2, key] - row0, 0), 128)
+        ute = min(max(mk_iv[3, key] - row0, uts), 128)
+        word = np.uint32(lts | ((lte - lts) << 8) | (uts << 16) | ((ute - uts) << 24))
+    return word
+
+
+@inlined
+def mask_tile_rows(s, words_addr, k0, rel0, qpos0, t, window_right, ns, has_right, hidden):
+    """Per-element mask of a partial key tile from the packed interval bounds of its keys
+    (``row_bounds_word``, one uint32 per key from shared address ``words_addr``): the scores
+    ``s`` (float32, one m-tile's S accumulator) of the thread's rows ``rel0`` / ``rel0 + 8``
+    (relative to the query tile's first row; key coordinates ``qpos0`` / ``qpos0 + 8``) become
+    ``hidden`` where an interval hides the pair, or (``has_right``) where the key lies past
+    ``qpos + window_right``. Keys past the sequence are hidden by their words. Selects, no
+    branches."""
+    for j in range(ns):
+        w0, w1 = lds_i32x2(words_addr + (j * 8 + 2 * t) * 4)
+        for c in range(2):
+            w = np.uint32(w0 if c == 0 else w1)
+            lts = w & np.uint32(0xFF)
+            lln = (w >> np.uint32(8)) & np.uint32(0xFF)
+            uts = (w >> np.uint32(16)) & np.uint32(0xFF)
+            uln = w >> np.uint32(24)
+            for r in range(2):
+                rel = np.uint32(rel0 + 8 * r)
+                vis = (np.uint32(rel - lts) >= lln) & (np.uint32(rel - uts) >= uln)
+                if has_right:
+                    vis = vis & (k0 + j * 8 + 2 * t + c <= qpos0 + 8 * r + window_right)
+                e = j * 4 + c + 2 * r
+                s[e] = s[e] if vis else hidden

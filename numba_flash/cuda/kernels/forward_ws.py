@@ -13,9 +13,12 @@ flight);
 each consumer thread waits for ``full``, runs S = Q K^T, the online softmax and O += P V
 (forward_mma_tiles.py's helpers) and arrives on ``empty``; the two consumer warpgroups take
 turns issuing their products (named barriers), so one's softmax runs under the other's
-products. Plain configurations only (no mask
-object, sinks, packed batches, ALiBi or score_mod). Shapes and kernel arguments:
-forward_mma.make_mma_kernel's.
+products. Plain and causal configurations, with or without a column-interval mask object
+(FlashMask's: the walk visits only the tiles the mask does not skip, as forward_mma.py's does,
+producer and consumers each walking the same tiles; for a partial tile the producer packs its
+keys' bounds relative to the query tile into one word per key beside the stage,
+``row_bounds_word``); no left window, sinks, packed batches, ALiBi or score_mod. Shapes and
+kernel arguments: forward_mma.make_mma_kernel's.
 """
 from __future__ import annotations
 
@@ -26,14 +29,16 @@ from numba.cuda import types
 from ..primitives import (cp_async_commit, cp_async_wait_1, cp_async_wait_all, fence_mbar_init,
                           fence_proxy_async, global_address, mbar_arrive, mbar_init,
                           mbar_try_wait, named_arrive, named_sync, regs_dec_72, regs_inc_216,
-                          shfl_idx, wgmma_wait)
+                          shfl_idx, sts32, wgmma_wait)
 from .forward_geometry import wgmma_row_bytes
 from .forward_mma_tiles import (copy_coords, copy_rows, copy_whole_rows, exp_and_pack,
-                                init_rows, mask_tile, pv_wgmma_start, qk_wgmma_start, rescale_acc,
-                                store_output, update_row_max, wgmma_tiles)
+                                init_rows, mask_tile, mask_tile_rows, pv_wgmma_start,
+                                qk_wgmma_start, rescale_acc, row_bounds_word, store_output,
+                                update_row_max, wgmma_tiles)
 from .jitcache import jit_kernel
 from ..primitives.base import inlined
-from .masking import NONE, flags_see_whole_tile, key_tiles, mask_mod_device
+from .masking import (INTERVALS, NONE, flags_see_whole_tile, key_tiles, mask_mod_device,
+                      walk_next, walk_start)
 from .schedule import group_keys, query_tile_of_block
 
 __all__ = ["make_ws_kernel", "WS_THREADS", "WS_BLOCK_M", "WS_LAUNCH_REGISTERS", "ws_stages",
@@ -59,11 +64,14 @@ def ws_stages(head_dim: int) -> int:
     return max(2, min(4, (227 * 1024 - 2048 - WS_BLOCK_M * rb) // (2 * bn * rb)))
 
 
-def ws_smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory: Q, the stages' K and V tiles, the mbarriers, 1 KB of alignment."""
+def ws_smem_bytes(head_dim: int, mask_kind: int = NONE) -> int:
+    """Dynamic shared memory: Q, the stages' K and V tiles, the mbarriers, with an interval mask
+    the stages' packed key bounds (4 bytes per key), 1 KB of alignment."""
     rb = wgmma_row_bytes(head_dim)
     bn = 64 if head_dim > 128 else 128
-    return (WS_BLOCK_M + 2 * bn * ws_stages(head_dim)) * rb + 16 * ws_stages(head_dim) + 1024
+    stages = ws_stages(head_dim)
+    bounds = 4 * bn * stages if mask_kind == INTERVALS else 0
+    return (WS_BLOCK_M + 2 * bn * stages) * rb + 16 * stages + bounds + 1024
 
 
 @inlined
@@ -73,14 +81,18 @@ def _wait(addr, parity):
         pass
 
 
-def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
-    """Build the warp-specialised kernel for one plain or causal configuration (compile-time
-    arguments; no left window or softcap: those need more registers; block_n 128, 64 at
-    head_dim 256). Launch with ``WS_THREADS`` threads, a grid of (query
-    tiles of ``WS_BLOCK_M`` rows, B * Hq) and ``ws_smem_bytes(head_dim)`` bytes of dynamic
-    shared memory."""
+def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
+                   mask_kind: int = NONE):
+    """Build the warp-specialised kernel for one configuration (compile-time arguments): plain
+    or causal, ``mask_kind`` NONE or INTERVALS (the latter at head_dim 96 / 128: at 256 the
+    walk's state spills the producer's 72 registers; no left window or softcap: those need more
+    registers; block_n 128, 64 at head_dim 256). Launch with ``WS_THREADS`` threads, a grid of
+    (query tiles of ``WS_BLOCK_M`` rows, B * Hq) and ``ws_smem_bytes(head_dim, mask_kind)``
+    bytes of dynamic shared memory."""
     D = int(head_dim)
     BF16 = bool(is_bf16)
+    KIND = int(mask_kind)
+    assert KIND in (NONE, INTERVALS), mask_kind
     BN = 64 if D > 128 else 128
     BM = WS_BLOCK_M
     STAGES = ws_stages(D)
@@ -96,6 +108,7 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
     STAGE = 2 * BN * RB                         # bytes per stage: K then V
     V_IN = BN * RB
     MB_OFF = BM * RB + STAGES * STAGE           # full[s] at MB_OFF + 8 s, empty[s] after them
+    BND_OFF = MB_OFF + 16 * STAGES              # stage s's packed key bounds: BN words
     has_left, has_right = False, bool(causal)
     GROUP_KEYS = group_keys(4 * D, has_right, False)
     NEG_INF = np.float32(-np.inf)
@@ -135,26 +148,42 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
         cuda.syncthreads()
 
         offset = seqlen_k - seqlen_q
-        q_lo = qtile * BM + offset
-        q_hi = min(qtile * BM + BM, seqlen_q) - 1 + offset
+        r_lo = qtile * BM
+        q_lo = r_lo + offset
+        q_hi = min(r_lo + BM, seqlen_q) - 1 + offset
         tile_lo, tile_hi, first, last, _ = key_tiles(q_lo, q_hi, seqlen_k, BN, has_left,
                                                      has_right, False, window_left,
                                                      window_right, 0)
+        # The key tiles to visit: every warp walks them (the mask's class votes are per warp).
+        tile, base, vbits, fbits = walk_start(KIND, mk_mm, mk_tab, 0, qtile, first, last, lane,
+                                              tile_lo, tile_hi, 0, r_lo,
+                                              min(r_lo + BM, seqlen_q), False)
         if warp < 4:        # producer: Q with the first tile, then K / V tile by tile
             if REALLOC:
                 regs_dec_72()
-            if first > last:
+            if tile > last:
                 return
             i = U0           # unsigned stage arithmetic (Numba widens it to uint64)
-            for tile in range(first, last + 1):
+            while tile <= last:
+                nxt, mask_full, base, vbits, fbits = walk_next(
+                    KIND, tile, base, vbits, fbits, mk_mm, mk_tab, 0, qtile, last, lane,
+                    tile_lo, tile_hi, 0, r_lo, min(r_lo + BM, seqlen_q), False)
                 st = i % U_STAGES
                 if not AHEAD and i > 0:     # the previous tile landed: stage full
                     cp_async_wait_all()
                     fence_proxy_async()     # the bytes visible to wgmma (the async proxy)
                     mbar_arrive(full0 + 8 * ((i - U1) % U_STAGES))
                 _wait(empty0 + 8 * st, ((i // U_STAGES) + U1) & U1)
+                # The consumers mask a tile unless the mask and the flags both see all of it
+                # (the same test as theirs): its keys' bounds, loads in flight under the copies.
+                partial = not (mask_full and flags_see_whole_tile(
+                    tile * BN, tile >= tile_lo and tile <= tile_hi, q_lo, q_hi, seqlen_k,
+                    window_left, window_right, 0, BN, has_left, has_right, False))
+                bounds = np.uint32(0)
+                if KIND == INTERVALS and partial:
+                    bounds = row_bounds_word(mk_iv, tile * BN + (tid & 127), seqlen_k, r_lo)
                 if i == 0:
-                    copy_rows(dyn, sbase + Q_OFF + cp_dst, q, b, 0, qtile * BM, seqlen_q, h,
+                    copy_rows(dyn, sbase + Q_OFF + cp_dst, q, b, 0, r_lo, seqlen_q, h,
                               cp_row, cp_part, cp_swz, Q_PASSES, NSEG, TPL, RPP, BLK_Q, True)
                 kdst = sbase + K_OFF + st * STAGE + cp_dst
                 # Whole tiles by address steps; not at head_dim 256, whose producer keeps 72
@@ -171,11 +200,14 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
                     copy_rows(dyn, kdst + V_IN, v, b, 0, tile * BN, seqlen_k, hk, cp_row,
                               cp_part, cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, True)
                 cp_async_commit()
+                if KIND == INTERVALS and partial and (tid & 127) < BN:
+                    sts32(sbase + BND_OFF + (st * BN + (tid & 127)) * 4, bounds)
                 if AHEAD and i > 0:     # the previous tile landed, this one may not have
                     cp_async_wait_1()
                     fence_proxy_async()     # the bytes visible to wgmma (the async proxy)
                     mbar_arrive(full0 + 8 * ((i - U1) % U_STAGES))
                 i += U1
+                tile = nxt
             cp_async_wait_all()
             fence_proxy_async()
             mbar_arrive(full0 + 8 * ((i - U1) % U_STAGES))
@@ -196,43 +228,52 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool):
         words = cuda.local.array(2, types.uint32)
         # Raw scores (unscaled until the exponent): a negative scale hides with +inf.
         hidden = np.float32(np.inf) if scale_log2 < 0 else NEG_INF
-        wrow = qtile * BM + cw * 16
+        wrow = r_lo + cw * 16
         init_rows(acc, m_run, l_run, 1, OF)
         # Ping-pong (FlashAttention-3's): the warpgroups take turns issuing their products
         # (named barrier 1 + wg: "wg's turn"), so one's products run while the other's softmax
         # does instead of both at once. Warpgroup 1 gives the first turn to warpgroup 0.
         wg = cw >> 2
-        if wg == 1 and first <= last:
+        if wg == 1 and tile <= last:
             named_arrive(1, 256)
         i = U0
-        for tile in range(first, last + 1):
+        while tile <= last:
+            nxt, mask_full, base, vbits, fbits = walk_next(
+                KIND, tile, base, vbits, fbits, mk_mm, mk_tab, 0, qtile, last, lane, tile_lo,
+                tile_hi, 0, r_lo, min(r_lo + BM, seqlen_q), False)
             st = i % U_STAGES
             _wait(full0 + 8 * st, (i // U_STAGES) & U1)
             k0 = tile * BN
             in_window = tile >= tile_lo and tile <= tile_hi
-            full = flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k, window_left,
-                                        window_right, 0, BN, has_left, has_right, False)
+            full = mask_full and flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k,
+                                                      window_left, window_right, 0, BN,
+                                                      has_left, has_right, False)
             stage_off = np.uint64((st * STAGE) >> 4)
             named_sync(1 + wg, 256)            # this warpgroup's turn to issue products
             qk_wgmma_start(s, dq, dk + stage_off, KS, BN, BLK_Q, BLK_K, BF16)
             named_arrive(2 - wg, 256)          # the other's turn
             wgmma_wait(BN, s)
             if not full:
-                mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h,
-                          window_left, window_right, 0, mk_iv, mk_bits, 0, mod, NS, SF, 2, BN,
-                          NONE, False, has_left, has_right, False, hidden)
+                if KIND == INTERVALS:
+                    mask_tile_rows(s, sbase + BND_OFF + st * BN * 4, k0, cw * 16 + g,
+                                   wrow + g + offset, t, window_right, NS, has_right, hidden)
+                else:
+                    mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h,
+                              window_left, window_right, 0, mk_iv, mk_bits, 0, mod, NS, SF, 2,
+                              BN, NONE, False, has_left, has_right, False, hidden)
             update_row_max(s, m_run, mx, mu, alpha, NS, SF, 1, 2, True, scale_log2)
             exp_and_pack(s, pk, mx, mu, alpha, l_run, NS, SF, 1, 2, BF16, True, scale_log2)
             rescale_acc(acc, alpha, ND, OF, 1)
             named_sync(1 + wg, 256)
             pv_wgmma_start(acc, pk, dv + stage_off, NP, D, BF16)
-            if wg == 0 or tile < last:    # warpgroup 1's arrivals: one ahead
+            if wg == 0 or nxt <= last:    # warpgroup 1's arrivals: one ahead
                 named_arrive(2 - wg, 256)
             wgmma_wait(D, acc)
             mbar_arrive(empty0 + 8 * st)
             i += U1
+            tile = nxt
         store_output(out, lse, acc, l_run, m_run, b, 0, h, wrow, g, t, seqlen_q, 1, OF, ND,
                      BF16, write_lse)
 
-    return jit_kernel(kernel, ("ws", D, BF16, has_right, write_lse),
+    return jit_kernel(kernel, ("ws", D, BF16, has_right, write_lse, KIND),
                       launch_bounds=WS_THREADS)

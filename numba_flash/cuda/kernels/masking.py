@@ -14,7 +14,7 @@ from .tile_classes import FULL, SKIP, interval_class
 from ..primitives.base import inlined
 
 __all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes", "key_tiles",
-           "past_sinks", "skip_empty_chunks", "first_in_chunk", "flags_see_whole_tile",
+           "past_sinks", "skip_empty_chunks", "first_in_chunk", "walk_start", "walk_next", "flags_see_whole_tile",
            "interval_visible", "interval_visible2", "bit_visible", "always_visible",
            "score_unchanged", "mask_mod_device", "score_mod_device", "LOG2E", "LN2"]
 
@@ -145,6 +145,46 @@ def first_in_chunk(base, visible, last):
     """The first visible tile of the chunk at ``base`` (lowest set bit of ``visible``), or
     ``last + 1`` (the walk is over) when it has none."""
     return base + lowest_bit(visible) if visible != 0 else last + 1
+
+
+@inlined
+def walk_start(kind, mm, tab, tb, qtile, first, last, lane, tile_lo, tile_hi, sink_tiles, a, b,
+               has_sinks):
+    """The first tile of a query tile's walk over key tiles ``first .. last`` and the walk's
+    state: ``(tile, base, visible, full)`` (``tile > last``: nothing to visit). With a mask
+    object (``kind`` not NONE) the tiles it skips are never visited: the walk holds the
+    visible / full bit sets of the 32-tile chunk at ``base`` (``chunk_classes``). Must be
+    called by the whole warp."""
+    base = first
+    visible = 0
+    full = 0
+    tile = first
+    if kind != NONE:
+        visible, full = chunk_classes(kind, mm, tab, tb, qtile, base, lane, tile_lo, tile_hi,
+                                      sink_tiles, a, b)
+        base, visible, full = skip_empty_chunks(kind, mm, tab, tb, qtile, base, visible, full,
+                                                lane, last, tile_lo, tile_hi, sink_tiles, a, b,
+                                                has_sinks)
+        tile = first_in_chunk(base, visible, last)
+    return tile, base, visible, full
+
+
+@inlined
+def walk_next(kind, tile, base, visible, full, mm, tab, tb, qtile, last, lane, tile_lo, tile_hi,
+              sink_tiles, a, b, has_sinks):
+    """One step of ``walk_start``'s walk from ``tile``: ``(next tile, whether the mask sees all
+    of ``tile``, base, visible, full)`` (with no mask object every tile counts as seen whole;
+    the flags' own test is ``flags_see_whole_tile``). Must be called by the whole warp."""
+    nxt = past_sinks(tile + 1, tile_lo, sink_tiles, has_sinks)
+    mask_full = True
+    if kind != NONE:
+        mask_full = ((full >> (tile - base)) & 1) != 0
+        visible &= visible - 1          # drop this tile; the next set bit is the next tile
+        base, visible, full = skip_empty_chunks(kind, mm, tab, tb, qtile, base, visible, full,
+                                                lane, last, tile_lo, tile_hi, sink_tiles, a, b,
+                                                has_sinks)
+        nxt = first_in_chunk(base, visible, last)
+    return nxt, mask_full, base, visible, full
 
 
 @inlined

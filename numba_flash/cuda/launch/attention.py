@@ -27,7 +27,7 @@ from ..kernels.forward_tf32x3 import make_tf32x3_kernel, tf32x3_geometry, tf32x3
 from ..kernels.forward_mma import make_mma_kernel
 from ..kernels.forward_ws import (WS_BLOCK_M, WS_LAUNCH_REGISTERS, WS_THREADS, make_ws_kernel,
                                   ws_moves_registers, ws_smem_bytes)
-from ..kernels.masking import NONE
+from ..kernels.masking import INTERVALS, NONE
 from ..primitives import SIMULATOR
 from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array, array_kind,
                      caller_param, check_rows_aligned, dtype_name, empty_like_kind, fixed_param,
@@ -136,11 +136,13 @@ def _check_registers(handle, needed: int):
 def _warp_specialised(head_dim, has_left, has_sinks, has_softcap, mask_kind, varlen, has_alibi,
                       mask_mod, score_mod) -> bool:
     """Whether a wgmma call takes the warp-specialised kernel (kernels/forward_ws.py): head_dim
-    96 / 128 / 256, no left window, sinks, softcap, mask object, packed batch, ALiBi or
-    score_mod (its 384 threads hold 168 registers each, 216 in the consumers after the
-    producer gives some back; those configurations would need more)."""
+    96 / 128 / 256, no left window, sinks, softcap, packed batch, ALiBi or score_mod, and no
+    mask object, or a column-interval one at head_dim 96 / 128 (its 384 threads hold 168
+    registers each, 216 in the consumers after the producer gives some back; those
+    configurations would need more: at 256 the interval walk spills the producer's 72)."""
+    intervals = mask_kind == INTERVALS and head_dim <= 128
     return (head_dim in (96, 128, 256) and not (has_left or has_sinks or has_softcap or varlen
-                                            or has_alibi) and mask_kind == NONE
+                                            or has_alibi) and (mask_kind == NONE or intervals)
             and mask_mod is None and score_mod is None)
 
 
@@ -205,8 +207,8 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
                                                   mask_kind, varlen, has_alibi, mask_mod,
                                                   score_mod):
         entry = _KERNELS[key] = KernelEntry(
-            make_ws_kernel(head_dim, HALF_NAMES[dtype_name], has_right, write_lse), WS_BLOCK_M,
-            WS_THREADS, ws_smem_bytes(head_dim),
+            make_ws_kernel(head_dim, HALF_NAMES[dtype_name], has_right, write_lse, mask_kind),
+            WS_BLOCK_M, WS_THREADS, ws_smem_bytes(head_dim, mask_kind),
             WS_LAUNCH_REGISTERS if ws_moves_registers(head_dim) else 0)
     if entry is None:
         extra = dict(mask_kind=mask_kind, varlen=varlen, has_alibi=has_alibi, mask_mod=mask_mod,
