@@ -8,7 +8,9 @@ float32 kernels, with each mask encoding: column intervals (causal document), pa
 reading captured arrays by q_idx and kv_idx (the kernel must clamp them on ragged tiles), a
 packed (cu_seqlens) batch with an empty sequence (with and without the score_mod), and one
 unmasked causal case for comparison; then
-Sk = 2200 with 5 queries (window + sinks + mask), where the visible key tiles lie past the first 32.
+Sk = 2200 with 5 queries (window + sinks + mask), where the visible key tiles lie past the first 32;
+then the warp-specialised kernel's interval walk at head_dim 96 / 128 (document masks, Sq 300 /
+Sk 700 with and without causal, and 7 queries against 5000 keys).
 """
 import cupy as cp
 import numpy as np
@@ -51,6 +53,19 @@ def main():
             numba_flash.attention(qf.astype(dt), kf.astype(dt), vf.astype(dt), mask=m,
                                   window_size=(60, 0), sinks=3, return_lse=True)
         print("ran far tiles", np.dtype(dt).name, flush=True)
+    # The warp-specialised kernel's interval walk at head_dim 96 / 128 (64: the cases above):
+    # more visible key tiles than its ring has stages, ragged last tiles, with and without
+    # causal, 40 key tiles (visible ones past the first 32) with 7 query rows.
+    for d in (96, 128):
+        qw, kw, vw = (rng.standard_normal((1, n, h, d), dtype=cp.float32).astype(cp.float16)
+                      for n, h in ((300, 2), (700, 1), (700, 1)))
+        for causal in (False, True):
+            numba_flash.attention(qw, kw, vw, mask=masks.document([290, 5, 405]),
+                                  causal=causal, return_lse=True)
+        kf2, vf2 = (rng.standard_normal((1, 5000, 1, d), dtype=cp.float32).astype(cp.float16)
+                    for _ in range(2))
+        numba_flash.attention(qw[:, :7], kf2, vf2, mask=masks.document([4900, 100]))
+        print("ran warp-specialised intervals, head_dim", d, flush=True)
     cp.cuda.runtime.deviceSynchronize()
     print("mask sanitize cases ran")
 

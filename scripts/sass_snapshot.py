@@ -64,14 +64,16 @@ for _exact, _d in (("dmma", 64), ("tf32x3", 64)):
     for _flag in ("causal", "window_sinks", "softcap"):
         CONFIGS.append((f"{_exact}_d{_d}_{_flag}", _exact, _d, _FLAGS[_flag], {}, False))
 
-# The warp-specialised wgmma kernel (plain / causal / interval mask, head_dim 96 / 128 / 256).
+# The warp-specialised wgmma kernel (plain / causal, head_dim 96 / 128 / 256; interval masks at
+# 64 / 96 / 128).
 WS_CONFIGS = [("ws_float16_d96_plain", False, 96, False, NONE),
               ("ws_float16_d128_plain", False, 128, False, NONE),
               ("ws_bfloat16_d128_causal", True, 128, True, NONE),
               ("ws_float16_d256_causal", False, 256, True, NONE),
               ("ws_bfloat16_d96_intervals_causal", True, 96, True, INTERVALS),
               ("ws_bfloat16_d128_intervals", True, 128, False, INTERVALS),
-              ("ws_float16_d128_intervals_causal", False, 128, True, INTERVALS)]
+              ("ws_float16_d128_intervals_causal", False, 128, True, INTERVALS),
+              ("ws_bfloat16_d64_intervals", True, 64, False, INTERVALS)]
 
 
 def build_ws(is_bf16: bool, head_dim: int, causal: bool, mask_kind: int = NONE):

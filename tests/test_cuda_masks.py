@@ -213,9 +213,9 @@ def test_gpu_every_example_mask_fp16(n):
 
 
 @gpu
-@pytest.mark.parametrize("dtype_name, d", [("bfloat16", 128), ("float16", 96)])
+@pytest.mark.parametrize("dtype_name, d", [("bfloat16", 128), ("float16", 96), ("bfloat16", 64)])
 def test_gpu_warp_specialised_interval_masks(dtype_name, d):
-    """Column-interval masks at head_dim 96 / 128 take the warp-specialised kernel (its walk
+    """Column-interval masks at head_dim 64 / 96 / 128 take the warp-specialised kernel (its walk
     over the tiles the mask does not skip, the producer's packed bounds of partial tiles):
     FlashMask's interval masks, alone and with causal, at odd lengths, Sq != Sk, GQA 2, and a
     walk whose visible tiles lie past the first 32 key tiles, against the float64 reference."""

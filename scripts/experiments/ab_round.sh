@@ -5,7 +5,8 @@
 #                                                          # HEAD) and ab/new (working tree)
 #   bash scripts/experiments/ab_round.sh tests              # device: the forward GPU tests
 #   bash scripts/experiments/ab_round.sh ab                 # device: two rounds base / new
-#                                                          # (AB_ONLY=d96,d128: those rows)
+#                                                          # (AB_ONLY=d96,d128: those rows,
+#                                                          # in any mode but ab_backward)
 #   bash scripts/experiments/ab_round.sh ab_backward        # device: the same, backward_ab.py
 #                                                          # (fp16 backward alone, 4 cases)
 #   bash scripts/experiments/ab_round.sh ab_masks           # device: forward_ab.py --masks
@@ -32,7 +33,7 @@ case "${1:-}" in
     script=forward_ab.py; args=""
     [ "$1" = ab_backward ] && script=backward_ab.py && args="--bwd-only"
     [ "$1" = ab_masks ] && args="--masks"
-    [ "$1" = ab ] && [ -n "${AB_ONLY:-}" ] && args="--only $AB_ONLY"
+    [ -n "${AB_ONLY:-}" ] && args="$args --only $AB_ONLY"
     cp -r numba_flash ab/tree
     for r in 1 2; do
       for X in base new; do

@@ -26,8 +26,8 @@ def main():
     ap.add_argument("--exact", action="store_true",
                     help="float64 on DMMA (precision='tensor_cores') and SDPA's math fp64 only")
     ap.add_argument("--masks", action="store_true",
-                    help="bench_masks' FlashMask set only (bf16 (2, 16, 8192, 128), and causal "
-                         "document at fp16 head_dim 96)")
+                    help="bench_masks' FlashMask set only (bf16 (2, 16, 8192, 128) and "
+                         "(2, 16, 8192, 64), and causal document at fp16 head_dim 96)")
     ap.add_argument("--only", default=None,
                     help="comma-separated substrings: time only the configurations named so")
     args = ap.parse_args()
@@ -44,13 +44,15 @@ def main():
         from bench_masks import mask_set
 
         for d, dtype, names in ((128, torch.bfloat16, None), (96, torch.float16,
-                                                              ("causal_document",))):
+                                                              ("causal_document",)),
+                                (64, torch.bfloat16, None)):
             q, k, v = inputs(2, 8192, 16, d, dtype)
             for name, mask in mask_set(8192).items():
-                if mask is None or (names and name not in names):
+                row = f"{str(dtype)[6:]}_d{d}_{name}"
+                if mask is None or (names and name not in names) or (
+                        args.only and not any(part in row for part in args.only.split(","))):
                     continue
-                rows[f"{str(dtype)[6:]}_d{d}_{name}"] = timed(
-                    lambda: numba_flash.attention(q, k, v, mask=mask), 20)
+                rows[row] = timed(lambda: numba_flash.attention(q, k, v, mask=mask), 20)
         _report(args, rows, torch)
         return
     if args.exact:

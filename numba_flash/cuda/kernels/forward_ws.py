@@ -84,9 +84,9 @@ def _wait(addr, parity):
 def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
                    mask_kind: int = NONE):
     """Build the warp-specialised kernel for one configuration (compile-time arguments): plain
-    or causal, ``mask_kind`` NONE or INTERVALS (the latter at head_dim 96 / 128: at 256 the
-    walk's state spills the producer's 72 registers; no left window or softcap: those need more
-    registers; block_n 128, 64 at head_dim 256). Launch with ``WS_THREADS`` threads, a grid of
+    or causal, ``mask_kind`` NONE or INTERVALS (the latter at head_dim 64 / 96 / 128: at 256
+    the walk's state spills the producer's 72 registers; no left window or softcap: those need
+    more registers; block_n 128, 64 at head_dim 256). Launch with ``WS_THREADS`` threads, a grid of
     (query tiles of ``WS_BLOCK_M`` rows, B * Hq) and ``ws_smem_bytes(head_dim, mask_kind)``
     bytes of dynamic shared memory."""
     D = int(head_dim)

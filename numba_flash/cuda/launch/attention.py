@@ -136,14 +136,20 @@ def _check_registers(handle, needed: int):
 def _warp_specialised(head_dim, has_left, has_sinks, has_softcap, mask_kind, varlen, has_alibi,
                       mask_mod, score_mod) -> bool:
     """Whether a wgmma call takes the warp-specialised kernel (kernels/forward_ws.py): head_dim
-    96 / 128 / 256, no left window, sinks, softcap, packed batch, ALiBi or score_mod, and no
-    mask object, or a column-interval one at head_dim 96 / 128 (its 384 threads hold 168
+    96 / 128 / 256 without a mask object, 64 / 96 / 128 with a column-interval one; no left
+    window, sinks, softcap, packed batch, ALiBi or score_mod (its 384 threads hold 168
     registers each, 216 in the consumers after the producer gives some back; those
-    configurations would need more: at 256 the interval walk spills the producer's 72)."""
-    intervals = mask_kind == INTERVALS and head_dim <= 128
-    return (head_dim in (96, 128, 256) and not (has_left or has_sinks or has_softcap or varlen
-                                            or has_alibi) and (mask_kind == NONE or intervals)
-            and mask_mod is None and score_mod is None)
+    configurations would need more: at 256 the interval walk spills the producer's 72). At
+    head_dim 64 without a mask the wgmma kernel of forward_mma.py, 4 blocks per
+    multiprocessor, stays; with intervals that one holds 245 registers (one block)."""
+    if mask_kind == INTERVALS:
+        dims = (64, 96, 128)
+    elif mask_kind == NONE:
+        dims = (96, 128, 256)
+    else:
+        return False
+    return (head_dim in dims and not (has_left or has_sinks or has_softcap or varlen
+                                      or has_alibi) and mask_mod is None and score_mod is None)
 
 
 class KernelKey(NamedTuple):
