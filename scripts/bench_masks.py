@@ -146,7 +146,10 @@ class Flex:
         if mask is None:
             return None
         self.iv.copy_(self.torch.from_numpy(mask.column_intervals(self.n, self.n).stacked()))
-        return self.create_block_mask(self.mod, None, None, self.n, self.n, device="cuda")
+        # Beyond N 32K the eager build materialises the N x N mask (128 GiB at 131072):
+        # compiled, it works block by block.
+        return self.create_block_mask(self.mod, None, None, self.n, self.n, device="cuda",
+                                      _compile=self.n > 32768)
 
     def __call__(self, q, k, v, block_mask):
         return self.fn(q, k, v, block_mask=block_mask)
