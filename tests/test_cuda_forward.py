@@ -551,7 +551,8 @@ def test_length_one_axes_may_carry_any_stride():
 
 def test_warp_specialised_kernel_compiles_offline():
     """The warp-specialised wgmma kernel (kernels/forward_ws.py) at head_dim 96 / 128 / 256,
-    plain and causal, float16 and bfloat16, with an interval mask at 64 / 96 / 128 (kind 1), compiled with its launch bound (384 threads): one
+    plain and causal, float16 and bfloat16, with an interval mask at 64 / 96 / 128 (kind 1),
+    compiled with its launch bound (384 threads): one
     HGMMA per k-step of Q K^T and of P V, 168 registers at launch (exactly, where the producer
     hands registers to the consumers), no local memory, no serialised wgmma, no write to the
     registers of a running P V's A operand. Needs NVVM and ptxas (skipped in CI)."""

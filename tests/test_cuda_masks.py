@@ -217,8 +217,9 @@ def test_gpu_every_example_mask_fp16(n):
 def test_gpu_warp_specialised_interval_masks(dtype_name, d):
     """Column-interval masks at head_dim 64 / 96 / 128 take the warp-specialised kernel (its walk
     over the tiles the mask does not skip, the producer's packed bounds of partial tiles):
-    FlashMask's interval masks, alone and with causal, at odd lengths, Sq != Sk, GQA 2, and a
-    walk whose visible tiles lie past the first 32 key tiles, against the float64 reference."""
+    FlashMask's interval masks, alone, with causal and with a right window, at odd lengths,
+    Sq < Sk and Sq > Sk, GQA 2, and a walk whose visible tiles lie past the first 32 key tiles,
+    against the float64 reference."""
     from numba_flash.cuda.launch import attention as launch
     from numba_flash.cuda.kernels.masking import INTERVALS
 
@@ -238,6 +239,11 @@ def test_gpu_warp_specialised_interval_masks(dtype_name, d):
         _attention_case(rng, dtype_name, 2, n, n, 4, 2, d, mask, **kw)
     _attention_case(rng, dtype_name, 1, 517, n, 2, 1, d, masks.document([n - 130, 130]),
                     causal=True)
+    # Sq > Sk with causal (the first rows see no key), and a right window with the mask.
+    _attention_case(rng, dtype_name, 1, n, 517, 2, 1, d, masks.document([387, 130]),
+                    causal=True)
+    _attention_case(rng, dtype_name, 1, n, n, 2, 1, d, masks.causal_document(docs),
+                    window_size=(-1, 37))
     sk = 4500                  # 36 key tiles: the visible ones in the second group of 32
     _attention_case(rng, dtype_name, 1, 200, sk, 2, 2, d, masks.document([sk - 130, 130]))
 

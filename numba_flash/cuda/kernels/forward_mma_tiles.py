@@ -26,12 +26,15 @@ __all__ = ["store_output", "ldmatrix_lane", "copy_coords", "load_q_fragments", "
            "copy_rows", "mma_pair", "qk_mma", "qk_wgmma", "pv_mma", "pv_wgmma", "score_logits",
            "mask_tile", "update_row_max", "exp_and_pack", "rescale_acc", "copy_bounds",
            "wgmma_tiles", "copy_k_stage", "qk_wgmma_start", "pv_wgmma_start", "row_bounds_word",
-           "mask_tile_rows", "TILE_ROWS_HIDDEN"]
+           "mask_tile_rows", "TILE_ROWS", "TILE_ROWS_HIDDEN"]
 
 NEG_INF = -math.inf
 POS_INF = math.inf
-# ``row_bounds_word`` of a key that no row of the query tile sees (interval [0, 128)).
-TILE_ROWS_HIDDEN = 128 << 8
+# Query rows per tile of ``row_bounds_word`` (the warp-specialised kernel's WS_BLOCK_M): its
+# bounds 0 .. TILE_ROWS fit a byte.
+TILE_ROWS = 128
+# ``row_bounds_word`` of a key that no row of the query tile sees (interval [0, TILE_ROWS)).
+TILE_ROWS_HIDDEN = TILE_ROWS << 8
 
 
 @inlined
@@ -518,17 +521,17 @@ def copy_k_stage(ks, k_addr, k, ab, k_off, key0, seqlen_k, hk, cp_row, cp_part, 
 @inlined
 def row_bounds_word(mk_iv, key, seqlen_k, row0):
     """The masked rows of key ``key`` (``mk_iv`` int32 (4, Sk): rows [lts, lte) and [uts, ute)
-    hidden) inside the 128-row query tile that starts at row ``row0``, packed in one uint32 for
-    ``mask_tile_rows``: bytes (start, length) of each interval relative to ``row0``, clamped to
-    the tile (0 .. 128), so a row r of the tile is hidden when ``r - row0 - start`` is below
-    ``length`` as unsigned numbers. A key past ``seqlen_k`` hides every row
-    (``TILE_ROWS_HIDDEN``)."""
+    hidden) inside the ``TILE_ROWS``-row query tile that starts at row ``row0``, packed in one
+    uint32 for ``mask_tile_rows``: bytes (start, length) of each interval relative to ``row0``,
+    clamped to the tile (0 .. ``TILE_ROWS``), so a row r of the tile is hidden when
+    ``r - row0 - start`` is below ``length`` as unsigned numbers. A key past ``seqlen_k`` hides
+    every row (``TILE_ROWS_HIDDEN``)."""
     word = np.uint32(TILE_ROWS_HIDDEN)
     if key < seqlen_k:
-        lts = min(max(mk_iv[0, key] - row0, 0), 128)
-        lte = min(max(mk_iv[1, key] - row0, lts), 128)
-        uts = min(max(mk_iv[2, key] - row0, 0), 128)
-        ute = min(max(mk_iv[3, key] - row0, uts), 128)
+        lts = min(max(mk_iv[0, key] - row0, 0), TILE_ROWS)
+        lte = min(max(mk_iv[1, key] - row0, lts), TILE_ROWS)
+        uts = min(max(mk_iv[2, key] - row0, 0), TILE_ROWS)
+        ute = min(max(mk_iv[3, key] - row0, uts), TILE_ROWS)
         word = np.uint32(lts | ((lte - lts) << 8) | (uts << 16) | ((ute - uts) << 24))
     return word
 
@@ -536,7 +539,8 @@ def row_bounds_word(mk_iv, key, seqlen_k, row0):
 @inlined
 def mask_tile_rows(s, words_addr, k0, rel0, qpos0, t, window_right, ns, has_right, hidden):
     """Per-element mask of a partial key tile from the packed interval bounds of its keys
-    (``row_bounds_word``, one uint32 per key from shared address ``words_addr``): the scores
+    (``row_bounds_word``, one uint32 per key of the tile from shared address ``words_addr``,
+    8-byte aligned: two keys per load): the scores
     ``s`` (float32, one m-tile's S accumulator) of the thread's rows ``rel0`` / ``rel0 + 8``
     (relative to the query tile's first row; key coordinates ``qpos0`` / ``qpos0 + 8``) become
     ``hidden`` where an interval hides the pair, or (``has_right``) where the key lies past

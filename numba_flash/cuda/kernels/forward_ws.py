@@ -6,19 +6,20 @@ never wait for each other and one's softmax can run under the other's products.
 
 Block: 384 threads, warps 0-3 the producer, warps 4-11 the consumers (warpgroup c = 0, 1 owns
 query rows 64 c .. 64 c + 63 of the 128-row tile, exactly as forward_mma.py's wgmma warpgroups).
-Per key tile i (stage ``i % STAGES``): the producer waits for the stage's ``empty`` barrier,
-issues its cp.async copies, and once a tile's copies have landed (then ``fence.proxy.async``,
+Per visited key tile, the i-th (stage ``i % STAGES``): the producer waits for the stage's
+``empty`` barrier, issues its cp.async copies, and once a tile's copies have landed (then ``fence.proxy.async``,
 so that wgmma sees the bytes) arrives on its stage's ``full`` barrier (``AHEAD``: two tiles in
 flight);
 each consumer thread waits for ``full``, runs S = Q K^T, the online softmax and O += P V
 (forward_mma_tiles.py's helpers) and arrives on ``empty``; the two consumer warpgroups take
 turns issuing their products (named barriers), so one's softmax runs under the other's
-products. Plain and causal configurations, with or without a column-interval mask object
-(FlashMask's: the walk visits only the tiles the mask does not skip, as forward_mma.py's does,
-producer and consumers each walking the same tiles; for a partial tile the producer packs its
-keys' bounds relative to the query tile into one word per key beside the stage,
-``row_bounds_word``); no left window, sinks, packed batches, ALiBi or score_mod. Shapes and
-kernel arguments: forward_mma.make_mma_kernel's.
+products. Plain and causal configurations (a right window too), with or without a
+column-interval mask object at head_dim 64 / 96 / 128 (FlashMask's: the walk visits only the
+tiles the mask does not skip, as forward_mma.py's does, producer and consumers each walking the
+same tiles; for a partial tile the producer packs its keys' bounds relative to the query tile
+into one word per key beside the stage, ``row_bounds_word``); no left window, sinks, softcap,
+packed batches, ALiBi, mask_mod or score_mod. Shapes and kernel arguments:
+forward_mma.make_mma_kernel's.
 """
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ from ..primitives import (cp_async_commit, cp_async_wait_1, cp_async_wait_all, f
                           mbar_try_wait, named_arrive, named_sync, regs_dec_72, regs_inc_216,
                           shfl_idx, sts32, wgmma_wait)
 from .forward_geometry import wgmma_row_bytes
-from .forward_mma_tiles import (copy_coords, copy_rows, copy_whole_rows, exp_and_pack,
-                                init_rows, mask_tile, mask_tile_rows, pv_wgmma_start,
-                                qk_wgmma_start, rescale_acc, row_bounds_word, store_output,
-                                update_row_max, wgmma_tiles)
+from .forward_mma_tiles import (TILE_ROWS, copy_coords, copy_rows, copy_whole_rows,
+                                exp_and_pack, init_rows, mask_tile, mask_tile_rows,
+                                pv_wgmma_start, qk_wgmma_start, rescale_acc, row_bounds_word,
+                                store_output, update_row_max, wgmma_tiles)
 from .jitcache import jit_kernel
 from ..primitives.base import inlined
 from .masking import (INTERVALS, NONE, flags_see_whole_tile, key_tiles, mask_mod_device,
@@ -46,6 +47,7 @@ __all__ = ["make_ws_kernel", "WS_THREADS", "WS_BLOCK_M", "WS_LAUNCH_REGISTERS", 
 
 WS_THREADS = 384
 WS_BLOCK_M = 128
+assert WS_BLOCK_M == TILE_ROWS      # the packed key bounds (row_bounds_word) are per query tile
 WS_LAUNCH_REGISTERS = 168     # 65,536 / 384, rounded down to a multiple of 8
 
 
@@ -71,7 +73,9 @@ def ws_smem_bytes(head_dim: int, mask_kind: int = NONE) -> int:
     bn = 64 if head_dim > 128 else 128
     stages = ws_stages(head_dim)
     bounds = 4 * bn * stages if mask_kind == INTERVALS else 0
-    return (WS_BLOCK_M + 2 * bn * stages) * rb + 16 * stages + bounds + 1024
+    total = (WS_BLOCK_M + 2 * bn * stages) * rb + 16 * stages + bounds + 1024
+    assert total <= 227 * 1024, (head_dim, mask_kind, total)   # the sm_90 block maximum
+    return total
 
 
 @inlined
@@ -79,6 +83,44 @@ def _wait(addr, parity):
     """Spin until the phase of parity ``parity`` of the mbarrier at ``addr`` has completed."""
     while not mbar_try_wait(addr, parity):
         pass
+
+
+@inlined
+def copy_kv_tile(dyn, k_dst, k, v, b, hk, key0, seqlen_k, cp_row, cp_part, cp_swz, by_steps,
+                 passes, nseg, tpl, rpp, blk, v_in, bn):
+    """The producer's cp.async copies of key tile rows ``key0 .. key0 + bn - 1`` of K and V (kv
+    head ``hk`` of batch entry ``b``) to shared address ``k_dst`` and ``k_dst + v_in``; commits
+    nothing. A whole tile goes by address steps of the arrays' row strides when ``by_steps``
+    (not at head_dim 256, whose producer keeps 72 registers: the addresses spilled there with
+    ptxas 13.0); a ragged last tile row by row with bounds checks (rows past ``seqlen_k``:
+    zeros)."""
+    if by_steps and key0 + bn <= seqlen_k:
+        row = key0 + cp_row                 # this thread's first chunk's row
+        copy_whole_rows(k_dst, global_address(k, b, row, hk, cp_part * 4),
+                        k.strides[1] * rpp, passes, nseg, tpl, rpp, blk)
+        copy_whole_rows(k_dst + v_in, global_address(v, b, row, hk, cp_part * 4),
+                        v.strides[1] * rpp, passes, nseg, tpl, rpp, blk)
+    else:
+        copy_rows(dyn, k_dst, k, b, 0, key0, seqlen_k, hk, cp_row, cp_part, cp_swz, passes,
+                  nseg, tpl, rpp, blk, True)
+        copy_rows(dyn, k_dst + v_in, v, b, 0, key0, seqlen_k, hk, cp_row, cp_part, cp_swz,
+                  passes, nseg, tpl, rpp, blk, True)
+
+
+@inlined
+def mask_partial_tile(s, words, bounds_addr, k0, wrow, rel0, g, t, offset, seqlen_q, seqlen_k,
+                      window_right, mk_iv, mk_bits, mod, ns, sf, bn, kind, has_right, hidden):
+    """A consumer's per-element mask of a partial key tile (scores ``s``, float32, one m-tile of
+    ``ns`` 8-key n-tiles): with an interval mask from the producer's packed words of the stage
+    at ``bounds_addr`` (``mask_tile_rows``; ``rel0``: the thread's first row in the query tile),
+    else (the causal flag alone) by ``mask_tile``'s flag tests."""
+    if kind == INTERVALS:
+        mask_tile_rows(s, bounds_addr, k0, rel0, wrow + g + offset, t, window_right, ns,
+                       has_right, hidden)
+    else:
+        mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, 0, 0, 0, window_right,
+                  0, mk_iv, mk_bits, 0, mod, ns, sf, 2, bn, NONE, False, False, has_right, False,
+                  hidden)
 
 
 def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
@@ -92,7 +134,7 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
     D = int(head_dim)
     BF16 = bool(is_bf16)
     KIND = int(mask_kind)
-    assert KIND in (NONE, INTERVALS), mask_kind
+    assert KIND == NONE or (KIND == INTERVALS and D <= 128), (mask_kind, head_dim)
     BN = 64 if D > 128 else 128
     BM = WS_BLOCK_M
     STAGES = ws_stages(D)
@@ -148,16 +190,16 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
         cuda.syncthreads()
 
         offset = seqlen_k - seqlen_q
-        r_lo = qtile * BM
+        r_lo = qtile * BM                       # the query tile's rows [r_lo, r_hi)
+        r_hi = min(r_lo + BM, seqlen_q)
         q_lo = r_lo + offset
-        q_hi = min(r_lo + BM, seqlen_q) - 1 + offset
+        q_hi = r_hi - 1 + offset
         tile_lo, tile_hi, first, last, _ = key_tiles(q_lo, q_hi, seqlen_k, BN, has_left,
                                                      has_right, False, window_left,
                                                      window_right, 0)
         # The key tiles to visit: every warp walks them (the mask's class votes are per warp).
         tile, base, vbits, fbits = walk_start(KIND, mk_mm, mk_tab, 0, qtile, first, last, lane,
-                                              tile_lo, tile_hi, 0, r_lo,
-                                              min(r_lo + BM, seqlen_q), False)
+                                              tile_lo, tile_hi, 0, r_lo, r_hi, False)
         if warp < 4:        # producer: Q with the first tile, then K / V tile by tile
             if REALLOC:
                 regs_dec_72()
@@ -167,7 +209,7 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
             while tile <= last:
                 nxt, mask_full, base, vbits, fbits = walk_next(
                     KIND, tile, base, vbits, fbits, mk_mm, mk_tab, 0, qtile, last, lane,
-                    tile_lo, tile_hi, 0, r_lo, min(r_lo + BM, seqlen_q), False)
+                    tile_lo, tile_hi, 0, r_lo, r_hi, False)
                 st = i % U_STAGES
                 if not AHEAD and i > 0:     # the previous tile landed: stage full
                     cp_async_wait_all()
@@ -185,20 +227,9 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
                 if i == 0:
                     copy_rows(dyn, sbase + Q_OFF + cp_dst, q, b, 0, r_lo, seqlen_q, h,
                               cp_row, cp_part, cp_swz, Q_PASSES, NSEG, TPL, RPP, BLK_Q, True)
-                kdst = sbase + K_OFF + st * STAGE + cp_dst
-                # Whole tiles by address steps; not at head_dim 256, whose producer keeps 72
-                # registers (the addresses spill there: ptxas 13.0).
-                if not REALLOC and tile * BN + BN <= seqlen_k:
-                    row = tile * BN + cp_row        # this thread's first chunk's row
-                    copy_whole_rows(kdst, global_address(k, b, row, hk, cp_part * 4),
-                                    k.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
-                    copy_whole_rows(kdst + V_IN, global_address(v, b, row, hk, cp_part * 4),
-                                    v.strides[1] * RPP, KV_PASSES, NSEG, TPL, RPP, BLK_K)
-                else:
-                    copy_rows(dyn, kdst, k, b, 0, tile * BN, seqlen_k, hk, cp_row, cp_part,
-                              cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, True)
-                    copy_rows(dyn, kdst + V_IN, v, b, 0, tile * BN, seqlen_k, hk, cp_row,
-                              cp_part, cp_swz, KV_PASSES, NSEG, TPL, RPP, BLK_K, True)
+                copy_kv_tile(dyn, sbase + K_OFF + st * STAGE + cp_dst, k, v, b, hk, tile * BN,
+                             seqlen_k, cp_row, cp_part, cp_swz, not REALLOC, KV_PASSES, NSEG,
+                             TPL, RPP, BLK_K, V_IN, BN)
                 cp_async_commit()
                 if KIND == INTERVALS and partial and (tid & 127) < BN:
                     sts32(sbase + BND_OFF + (st * BN + (tid & 127)) * 4, bounds)
@@ -240,7 +271,7 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
         while tile <= last:
             nxt, mask_full, base, vbits, fbits = walk_next(
                 KIND, tile, base, vbits, fbits, mk_mm, mk_tab, 0, qtile, last, lane, tile_lo,
-                tile_hi, 0, r_lo, min(r_lo + BM, seqlen_q), False)
+                tile_hi, 0, r_lo, r_hi, False)
             st = i % U_STAGES
             _wait(full0 + 8 * st, (i // U_STAGES) & U1)
             k0 = tile * BN
@@ -254,13 +285,9 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
             named_arrive(2 - wg, 256)          # the other's turn
             wgmma_wait(BN, s)
             if not full:
-                if KIND == INTERVALS:
-                    mask_tile_rows(s, sbase + BND_OFF + st * BN * 4, k0, cw * 16 + g,
-                                   wrow + g + offset, t, window_right, NS, has_right, hidden)
-                else:
-                    mask_tile(s, words, k0, wrow, g, t, offset, seqlen_q, seqlen_k, b, h,
-                              window_left, window_right, 0, mk_iv, mk_bits, 0, mod, NS, SF, 2,
-                              BN, NONE, False, has_left, has_right, False, hidden)
+                mask_partial_tile(s, words, sbase + BND_OFF + st * BN * 4, k0, wrow, cw * 16 + g,
+                                  g, t, offset, seqlen_q, seqlen_k, window_right, mk_iv, mk_bits,
+                                  mod, NS, SF, BN, KIND, has_right, hidden)
             update_row_max(s, m_run, mx, mu, alpha, NS, SF, 1, 2, True, scale_log2)
             exp_and_pack(s, pk, mx, mu, alpha, l_run, NS, SF, 1, 2, BF16, True, scale_log2)
             rescale_acc(acc, alpha, ND, OF, 1)
