@@ -212,6 +212,35 @@ def test_gpu_every_example_mask_fp16(n):
         _attention_case(rng, "float16", 1, n, n, 2, 1, 64, mask)
 
 
+def test_packed_row_bounds_decide_the_reference_visibility():
+    """The warp-specialised kernel's packed key bounds (``row_bounds_word``: two hidden row
+    intervals relative to a 128-row query tile, clamped to it, as (start, length) bytes), read
+    with ``mask_tile_rows``' unsigned test ``(r - start) mod 2^32 >= length`` for both
+    intervals, give the reference's visibility for every row of the tile: random intervals that
+    start and end before, inside and after the tile, empty ones, and keys past the sequence."""
+    from numba_flash.cuda.kernels.forward_mma_tiles import TILE_ROWS, row_bounds_word
+
+    pack = getattr(row_bounds_word, "py_func", row_bounds_word)
+    rng = np.random.default_rng(12)
+    n_keys, sq, seqlen_k = 400, 1000, 390
+    starts = rng.integers(0, sq + 1, size=(2, n_keys))
+    ends = np.minimum(starts + rng.integers(0, 300, size=(2, n_keys)), sq)
+    iv = np.stack([starts[0], ends[0], starts[1], ends[1]]).astype(np.int32)
+    iv[:, :20] = iv[:, :1]                     # some empty intervals (start == end)
+    rows = np.arange(TILE_ROWS, dtype=np.uint32)
+    for row0 in (0, 128, 384, 896):
+        for key in range(n_keys):
+            w = int(pack(iv, key, seqlen_k, np.int64(row0)))   # int64 as in the kernel
+            lts, lln, uts, uln = w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF, w >> 24
+            got = ((rows - np.uint32(lts)) >= lln) & ((rows - np.uint32(uts)) >= uln)
+            r = rows.astype(np.int64) + row0
+            lower = (iv[0, key] <= r) & (r < iv[1, key])
+            upper = (iv[2, key] <= r) & (r < iv[3, key])
+            want = ~(lower | upper)
+            want &= key < seqlen_k
+            np.testing.assert_array_equal(got, want, err_msg=f"key {key}, row0 {row0}")
+
+
 @gpu
 @pytest.mark.parametrize("dtype_name, d", [("bfloat16", 128), ("float16", 96), ("bfloat16", 64)])
 def test_gpu_warp_specialised_interval_masks(dtype_name, d):
