@@ -40,6 +40,10 @@ def main():
         return [torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3)]
 
     rows = {}
+
+    def wanted(name):
+        return not args.only or any(part in name for part in args.only.split(","))
+
     if args.masks:
         from bench_masks import mask_set
 
@@ -49,8 +53,7 @@ def main():
             q, k, v = inputs(2, 8192, 16, d, dtype)
             for name, mask in mask_set(8192).items():
                 row = f"{str(dtype)[6:]}_d{d}_{name}"
-                if mask is None or (names and name not in names) or (
-                        args.only and not any(part in row for part in args.only.split(","))):
+                if mask is None or (names and name not in names) or not wanted(row):
                     continue
                 rows[row] = timed(lambda: numba_flash.attention(q, k, v, mask=mask), 20)
         _report(args, rows, torch)
@@ -79,7 +82,7 @@ def main():
             "float16_d256": (2, 4096, 256, torch.float16),
             "float32_d64": (2, 2048, 64, torch.float32),
             "float64_d128": (2, 2048, 128, torch.float64)}.items():
-        if args.only and not any(part in name for part in args.only.split(",")):
+        if not wanted(name):
             continue
         q, k, v = inputs(b, n, 16, d, dtype)
         rows[f"{name}_causal"] = timed(lambda: numba_flash.attention(q, k, v, causal=True), 20)

@@ -7,9 +7,9 @@ never wait for each other and one's softmax can run under the other's products.
 Block: 384 threads, warps 0-3 the producer, warps 4-11 the consumers (warpgroup c = 0, 1 owns
 query rows 64 c .. 64 c + 63 of the 128-row tile, exactly as forward_mma.py's wgmma warpgroups).
 Per visited key tile, the i-th (stage ``i % STAGES``): the producer waits for the stage's
-``empty`` barrier, issues its cp.async copies, and once a tile's copies have landed (then ``fence.proxy.async``,
-so that wgmma sees the bytes) arrives on its stage's ``full`` barrier (``AHEAD``: two tiles in
-flight);
+``empty`` barrier, issues its cp.async copies, and once a tile's copies have landed (then
+``fence.proxy.async``, so that wgmma sees the bytes) arrives on its stage's ``full`` barrier
+(``AHEAD``: two tiles in flight);
 each consumer thread waits for ``full``, runs S = Q K^T, the online softmax and O += P V
 (forward_mma_tiles.py's helpers) and arrives on ``empty``; the two consumer warpgroups take
 turns issuing their products (named barriers), so one's softmax runs under the other's
@@ -42,13 +42,27 @@ from .masking import (INTERVALS, NONE, flags_see_whole_tile, key_tiles, mask_mod
                       walk_next, walk_start)
 from .schedule import group_keys, query_tile_of_block
 
-__all__ = ["make_ws_kernel", "WS_THREADS", "WS_BLOCK_M", "WS_LAUNCH_REGISTERS", "ws_stages",
+__all__ = ["make_ws_kernel", "WS_THREADS", "WS_BLOCK_M", "WS_LAUNCH_REGISTERS", "ws_head_dims",
+           "ws_stages",
            "ws_smem_bytes", "ws_moves_registers"]
 
 WS_THREADS = 384
 WS_BLOCK_M = 128
 assert WS_BLOCK_M == TILE_ROWS      # the packed key bounds (row_bounds_word) are per query tile
 WS_LAUNCH_REGISTERS = 168     # 65,536 / 384, rounded down to a multiple of 8
+
+
+def ws_head_dims(mask_kind: int) -> tuple:
+    """The head dims this kernel is built for with mask kind ``mask_kind``: 96 / 128 / 256
+    without a mask object, 64 / 96 / 128 with column intervals (at 256 the walk's state spilled
+    the producer's 72 registers; at 64 without a mask the wgmma kernel of forward_mma.py runs 4
+    blocks per multiprocessor, while its interval build holds 245 registers, one block); none
+    for other kinds (their per-element data have no staging here)."""
+    if mask_kind == NONE:
+        return (96, 128, 256)
+    if mask_kind == INTERVALS:
+        return (64, 96, 128)
+    return ()
 
 
 def ws_moves_registers(head_dim: int) -> bool:
@@ -83,6 +97,18 @@ def _wait(addr, parity):
     """Spin until the phase of parity ``parity`` of the mbarrier at ``addr`` has completed."""
     while not mbar_try_wait(addr, parity):
         pass
+
+
+@inlined
+def tile_seen_whole(tile, mask_full, tile_lo, tile_hi, q_lo, q_hi, seqlen_k, window_left,
+                    window_right, bn, has_left, has_right):
+    """Whether no pair of key tile ``tile`` needs the per-element mask: the mask object's class
+    (``mask_full``, from the walk) and the flags (``flags_see_whole_tile``) both see all of it.
+    The producer packs a tile's key bounds exactly when the consumers then mask it, so both
+    take this one test."""
+    return mask_full and flags_see_whole_tile(tile * bn, tile >= tile_lo and tile <= tile_hi,
+                                              q_lo, q_hi, seqlen_k, window_left, window_right,
+                                              0, bn, has_left, has_right, False)
 
 
 @inlined
@@ -126,15 +152,14 @@ def mask_partial_tile(s, words, bounds_addr, k0, wrow, rel0, g, t, offset, seqle
 def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
                    mask_kind: int = NONE):
     """Build the warp-specialised kernel for one configuration (compile-time arguments): plain
-    or causal, ``mask_kind`` NONE or INTERVALS (the latter at head_dim 64 / 96 / 128: at 256
-    the walk's state spills the producer's 72 registers; no left window or softcap: those need
-    more registers; block_n 128, 64 at head_dim 256). Launch with ``WS_THREADS`` threads, a grid of
-    (query tiles of ``WS_BLOCK_M`` rows, B * Hq) and ``ws_smem_bytes(head_dim, mask_kind)``
-    bytes of dynamic shared memory."""
+    or causal, ``mask_kind`` NONE or INTERVALS at a head dim of ``ws_head_dims(mask_kind)`` (no
+    left window or softcap: those need more registers; block_n 128, 64 at head_dim 256).
+    Launch with ``WS_THREADS`` threads, a grid of (query tiles of ``WS_BLOCK_M`` rows, B * Hq)
+    and ``ws_smem_bytes(head_dim, mask_kind)`` bytes of dynamic shared memory."""
     D = int(head_dim)
     BF16 = bool(is_bf16)
     KIND = int(mask_kind)
-    assert KIND == NONE or (KIND == INTERVALS and D <= 128), (mask_kind, head_dim)
+    assert D in ws_head_dims(KIND), (mask_kind, head_dim)
     BN = 64 if D > 128 else 128
     BM = WS_BLOCK_M
     STAGES = ws_stages(D)
@@ -216,11 +241,11 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
                     fence_proxy_async()     # the bytes visible to wgmma (the async proxy)
                     mbar_arrive(full0 + 8 * ((i - U1) % U_STAGES))
                 _wait(empty0 + 8 * st, ((i // U_STAGES) + U1) & U1)
-                # The consumers mask a tile unless the mask and the flags both see all of it
-                # (the same test as theirs): its keys' bounds, loads in flight under the copies.
-                partial = not (mask_full and flags_see_whole_tile(
-                    tile * BN, tile >= tile_lo and tile <= tile_hi, q_lo, q_hi, seqlen_k,
-                    window_left, window_right, 0, BN, has_left, has_right, False))
+                # A tile the consumers will mask: its keys' bounds, loads in flight under the
+                # copies.
+                partial = not tile_seen_whole(tile, mask_full, tile_lo, tile_hi, q_lo, q_hi,
+                                              seqlen_k, window_left, window_right, BN, has_left,
+                                              has_right)
                 bounds = np.uint32(0)
                 if KIND == INTERVALS and partial:
                     bounds = row_bounds_word(mk_iv, tile * BN + (tid & 127), seqlen_k, r_lo)
@@ -275,10 +300,8 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
             st = i % U_STAGES
             _wait(full0 + 8 * st, (i // U_STAGES) & U1)
             k0 = tile * BN
-            in_window = tile >= tile_lo and tile <= tile_hi
-            full = mask_full and flags_see_whole_tile(k0, in_window, q_lo, q_hi, seqlen_k,
-                                                      window_left, window_right, 0, BN,
-                                                      has_left, has_right, False)
+            full = tile_seen_whole(tile, mask_full, tile_lo, tile_hi, q_lo, q_hi, seqlen_k,
+                                   window_left, window_right, BN, has_left, has_right)
             stage_off = np.uint64((st * STAGE) >> 4)
             named_sync(1 + wg, 256)            # this warpgroup's turn to issue products
             qk_wgmma_start(s, dq, dk + stage_off, KS, BN, BLK_Q, BLK_K, BF16)

@@ -15,8 +15,8 @@ from ..primitives.base import inlined
 
 __all__ = ["NONE", "INTERVALS", "BITMASK", "MASK_MOD", "tile_class", "chunk_classes", "key_tiles",
            "past_sinks", "skip_empty_chunks", "first_in_chunk", "walk_start", "walk_next",
-           "flags_see_whole_tile", "interval_visible", "interval_visible2", "bit_visible", "always_visible",
-           "score_unchanged", "mask_mod_device", "score_mod_device", "LOG2E", "LN2"]
+           "flags_see_whole_tile", "interval_visible", "interval_visible2", "bit_visible",
+           "always_visible", "score_unchanged", "mask_mod_device", "score_mod_device", "LOG2E", "LN2"]
 
 NONE, INTERVALS, BITMASK, MASK_MOD = 0, 1, 2, 3
 

@@ -26,8 +26,8 @@ from ..kernels.forward_fma import make_fma_kernel
 from ..kernels.forward_tf32x3 import make_tf32x3_kernel, tf32x3_geometry, tf32x3_supported
 from ..kernels.forward_mma import make_mma_kernel
 from ..kernels.forward_ws import (WS_BLOCK_M, WS_LAUNCH_REGISTERS, WS_THREADS, make_ws_kernel,
-                                  ws_moves_registers, ws_smem_bytes)
-from ..kernels.masking import INTERVALS, NONE
+                                  ws_head_dims, ws_moves_registers, ws_smem_bytes)
+from ..kernels.masking import NONE
 from ..primitives import SIMULATOR
 from .arrays import (FULL_NAMES, HALF_NAMES, SUPPORTED_HEAD_DIMS, BFloat16Array, array_kind,
                      caller_param, check_rows_aligned, dtype_name, empty_like_kind, fixed_param,
@@ -135,21 +135,14 @@ def _check_registers(handle, needed: int):
 
 def _warp_specialised(head_dim, has_left, has_sinks, has_softcap, mask_kind, varlen, has_alibi,
                       mask_mod, score_mod) -> bool:
-    """Whether a wgmma call takes the warp-specialised kernel (kernels/forward_ws.py): head_dim
-    96 / 128 / 256 without a mask object, 64 / 96 / 128 with a column-interval one; no left
-    window, sinks, softcap, packed batch, ALiBi or score_mod (its 384 threads hold 168
-    registers each, 216 in the consumers after the producer gives some back; those
-    configurations would need more: at 256 the interval walk spills the producer's 72). At
-    head_dim 64 without a mask the wgmma kernel of forward_mma.py, 4 blocks per
-    multiprocessor, stays; with intervals that one holds 245 registers (one block)."""
-    if mask_kind == INTERVALS:
-        dims = (64, 96, 128)
-    elif mask_kind == NONE:
-        dims = (96, 128, 256)
-    else:
-        return False
-    return (head_dim in dims and not (has_left or has_sinks or has_softcap or varlen
-                                      or has_alibi) and mask_mod is None and score_mod is None)
+    """Whether a wgmma call takes the warp-specialised kernel (kernels/forward_ws.py): a head
+    dim of ``ws_head_dims(mask_kind)`` (no mask object or column intervals), no left window,
+    sinks, softcap, packed batch, ALiBi or score_mod (its 384 threads hold 168 registers each,
+    216 in the consumers after the producer gives some back; those configurations would need
+    more)."""
+    return (head_dim in ws_head_dims(mask_kind) and not (has_left or has_sinks or has_softcap
+                                                         or varlen or has_alibi)
+            and mask_mod is None and score_mod is None)
 
 
 class KernelKey(NamedTuple):
