@@ -22,7 +22,6 @@ from numba.cuda import types  # noqa: E402
 
 from numba_flash.cuda.kernels import backward as bw  # noqa: E402
 from numba_flash.cuda.kernels import backward_wgmma as bwg  # noqa: E402
-from numba_flash.cuda.kernels import backward_ws as bws  # noqa: E402
 from numba_flash.cuda.kernels.masking import BITMASK, INTERVALS, NONE  # noqa: E402
 
 # flags: (has_left, has_right, has_sinks, has_softcap)
@@ -73,16 +72,6 @@ CONFIGS["wgmma_dkdv_float16_d128_window_sinks_softcap"] = ("wgmma", "float16", 1
 CONFIGS["wgmma_dkdv_bfloat16_d256_causal"] = ("wgmma", "bfloat16", 256, "causal", True, NONE)
 CONFIGS["wgmma_dkdv_bfloat16_d128_causal_intervals_det"] = ("wgmma", "bfloat16", 128, "causal",
                                                             False, INTERVALS)
-# the warp-specialised dK / dV kernel (kernels/backward_ws.py; atomic dQ only)
-for _d in (64, 128):
-    for _f in _FLAGS:
-        CONFIGS[f"ws_dkdv_float16_d{_d}_{_f}"] = ("ws", "float16", _d, _f, True, NONE)
-CONFIGS["ws_dkdv_bfloat16_d128_causal_intervals"] = ("ws", "bfloat16", 128, "causal", True,
-                                                     INTERVALS)
-CONFIGS["ws_dkdv_bfloat16_d128_bitmask_alibi"] = ("ws", "bfloat16", 128, "plain", True, BITMASK,
-                                                  _ALIBI)
-CONFIGS["ws_dkdv_float16_d64_causal_varlen"] = ("ws", "float16", 64, "causal", True, NONE,
-                                                _VARLEN)
 
 
 def _signature(py_func, half: bool, atomic: bool, f64: bool):
@@ -104,10 +93,6 @@ def build(name: str):
     if kernel == "wgmma":
         kern = bwg.make_wgmma_dkdv_kernel(d, dtype == "bfloat16", *flags, atomic, kind, **extra)
         return kern.py_func, _signature(kern.py_func, True, True, False), (9, 0, "a")
-    if kernel == "ws":
-        kern = bws.make_ws_dkdv_kernel(d, dtype == "bfloat16", *flags, kind, **extra)
-        return (kern.py_func, _signature(kern.py_func, True, True, False), (9, 0, "a"),
-                bws.WS_BWD_THREADS)
     if half and kernel == "dkdv":
         kern = bw.make_mma_dkdv_kernel(d, dtype == "bfloat16", *flags, atomic, kind, **extra)
     elif half:

@@ -26,7 +26,6 @@ from numba.cuda import types
 
 from ..kernels import backward as bw
 from ..kernels import backward_wgmma as bwg
-from ..kernels import backward_ws as bws
 from ..primitives import SIMULATOR
 from .arrays import (array_kind, check_rows_aligned, dtype_name as array_dtype, empty_like_kind,
                      fixed_param, flat_kernel_array, interface, kernel_array)
@@ -343,13 +342,7 @@ def _main_kernels(call, deterministic, dkdv_args, dq_args):
         key = (call.head_dim, _HALF[call.dtype_name]) + call.flags + (call.mask_kind,
                                                                       geo["warps"], bn)
         dkdv_options = dict(options, direct=call.direct)
-        threads, smem = geo["threads"], geo["smem"]
-        if geo["path"] == "wgmma" and not deterministic and call.head_dim in bws.WS_BWD_HEAD_DIMS:
-            dkdv = _cached(("ws_dkdv", call.direct) + key + call.options,
-                           lambda: bws.make_ws_dkdv_kernel(*key[:6], call.mask_kind,
-                                                           **dkdv_options))
-            threads, smem = bws.WS_BWD_THREADS, bws.ws_dkdv_smem_bytes(call.head_dim)
-        elif geo["path"] == "wgmma":
+        if geo["path"] == "wgmma":
             dkdv = _cached(("wgmma_dkdv", not deterministic, call.direct) + key + call.options,
                            lambda: bwg.make_wgmma_dkdv_kernel(*key[:6], not deterministic,
                                                               call.mask_kind, **dkdv_options))
@@ -358,7 +351,7 @@ def _main_kernels(call, deterministic, dkdv_args, dq_args):
                            + call.options,
                            lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic,
                                                            *key[6:], bm, **dkdv_options))
-        _launch(call, dkdv, (n_k, heads), threads, dkdv_args, smem)
+        _launch(call, dkdv, (n_k, heads), geo["threads"], dkdv_args, geo["smem"])
         if deterministic:
             dq_key = key[:-2] + (geo["dq_warps"], geo["dq_block_m"], geo["dq_block_n"])
             dqk = _cached(("mma_dq",) + dq_key + call.options,

@@ -39,5 +39,4 @@ from .vector import ld_v4, unpack16, unpack_bf16, unpack_f16
 from .mma_exact import mma_f64, mma_f64_k16, mma_f64_k16_884, mma_tf32, split_tf32
 from .atomics import red_add2
 from .mbarrier import (fence_mbar_init, mbar_arrive, mbar_init, mbar_try_wait, named_arrive,
-                       named_sync, regs_dec_40, regs_dec_72, regs_inc_216,
-                       regs_inc_232)
+                       named_sync, regs_dec_72, regs_inc_216)

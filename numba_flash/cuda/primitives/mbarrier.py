@@ -16,7 +16,7 @@ from __future__ import annotations
 from .base import SIMULATOR
 
 __all__ = ["mbar_init", "mbar_arrive", "mbar_try_wait", "fence_mbar_init", "named_sync",
-           "named_arrive", "regs_dec_72", "regs_inc_216", "regs_dec_40", "regs_inc_232"]
+           "named_arrive", "regs_dec_72", "regs_inc_216"]
 
 if not SIMULATOR:
     from llvmlite import ir
@@ -64,14 +64,9 @@ if not SIMULATOR:
     # allocates the code after each up to its count.
     regs_dec_72 = bare_asm_intrinsic("setmaxnreg.dec.sync.aligned.u32 72;")
     regs_inc_216 = bare_asm_intrinsic("setmaxnreg.inc.sync.aligned.u32 216;")
-    # The backward's split (128 x 40 + 256 x 232 = 64,512): its consumers hold dK, dV, S^T,
-    # dP^T and the packed P^T / dS^T of 64 keys at head_dim 128.
-    regs_dec_40 = bare_asm_intrinsic("setmaxnreg.dec.sync.aligned.u32 40;")
-    regs_inc_232 = bare_asm_intrinsic("setmaxnreg.inc.sync.aligned.u32 232;")
 else:
     def _unavailable(*args):
         raise NotImplementedError("mbarriers need a compute-capability 9.0 GPU (not the simulator)")
 
     mbar_init = mbar_arrive = mbar_try_wait = fence_mbar_init = _unavailable
     named_sync = named_arrive = regs_dec_72 = regs_inc_216 = _unavailable
-    regs_dec_40 = regs_inc_232 = _unavailable
