@@ -36,11 +36,9 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (bulk_add_f32, bulk_commit, bulk_wait, bulk_wait_read,
-                          cp_async_commit, cp_async_wait_all, fence_proxy_async, global_address,
-                          shared_addr, shared_view, sts32, sts_f32x2, sw128_desc, syncwarp,
-                          wgmma_commit, wgmma_fence, wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn,
-                          wgmma_wait)
+from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async,
+                          shared_addr, shared_view, sts32, sw128_desc, wgmma_commit, wgmma_fence,
+                          wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait)
 from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
                        prefetch_stats, probs_grads, query_rows, stage_key_block, stage_words,
                        store_dkdv, store_fragments, tile_kind, zero)
@@ -50,7 +48,7 @@ from .masking import INTERVALS, NONE, mask_mod_device
 from ..primitives.base import inlined
 
 __all__ = ["WG_BWD_HEAD_DIMS", "WG_BWD_THREADS", "WG_BWD_BLOCK_M", "wgmma_block_n",
-           "wgmma_dkdv_smem_bytes", "make_wgmma_dkdv_kernel", "bulk_dq", "dq_stage_row"]
+           "wgmma_dkdv_smem_bytes", "make_wgmma_dkdv_kernel"]
 
 WG_BWD_HEAD_DIMS = (64, 128, 256)
 WG_BWD_THREADS = 256
@@ -71,31 +69,16 @@ def wgmma_block_n(head_dim: int) -> int:
     return 128 // wgmma_split(head_dim)
 
 
-def bulk_dq(head_dim: int) -> bool:
-    """Whether dQ goes to global memory by bulk reductions of a staged shared tile
-    (``stage_dq_rows``): head_dim 64 and 128. At 256 (the column split) the tile would not fit
-    beside the others, and each dQ element gets ``red.global`` adds."""
-    return wgmma_split(head_dim) == 1
-
-
-def dq_stage_row(head_dim: int) -> int:
-    """Bytes per row of the staged float32 dQ tile: the head_dim's floats and 32 bytes of
-    padding, which put the 8 rows of a fragment's stores in distinct banks."""
-    return 4 * head_dim + 32
-
-
 def _tile_bytes(head_dim: int) -> tuple:
-    """Byte offsets, from the aligned base, of K, V, the two Q and two dO buffers, the dS^T
-    tile and the staged dQ tile (``bulk_dq``), and the total."""
+    """Byte offsets, from the aligned base, of K, V, the two Q and two dO buffers and the dS^T
+    tile, and the total."""
     bn = wgmma_block_n(head_dim)
     kv = bn * head_dim * 2
     qd = 2 * WG_BWD_BLOCK_M * head_dim * 2
     k_off, v_off = 0, kv
     q_off, do_off = 2 * kv, 2 * kv + qd
     ds_off = 2 * kv + 2 * qd
-    dqs_off = ds_off + bn * WG_BWD_BLOCK_M * 2
-    dqs = WG_BWD_BLOCK_M * dq_stage_row(head_dim) if bulk_dq(head_dim) else 0
-    return k_off, v_off, q_off, do_off, ds_off, dqs_off, dqs_off + dqs
+    return k_off, v_off, q_off, do_off, ds_off, ds_off + bn * WG_BWD_BLOCK_M * 2
 
 
 def _head_words(head_dim: int) -> int:
@@ -106,7 +89,7 @@ def _head_words(head_dim: int) -> int:
 
 def wgmma_dkdv_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of the kernel: the stats and staged mask (``_head_words``), 1024
-    bytes of alignment slack, the tiles (head_dim 64: 100 KB; 128: 180 KB; 256: 202 KB)."""
+    bytes of alignment slack, the tiles (head_dim 64: 82 KB; 128: 146 KB; 256: 202 KB)."""
     return 4 * _head_words(head_dim) + 1024 + _tile_bytes(head_dim)[-1]
 
 
@@ -204,33 +187,6 @@ def dq_product(dqa, ds_a, k_b, steps, n, bf16):
     wgmma_wait(n, dqa)
 
 
-@inlined
-def stage_dq_rows(dq_acc, ab, h, dqa, scale, stage, tile_row, row0, limit, col0, n_cols,
-                  row_bytes, lane):
-    """Add the warp's dQ fragment (tile rows ``row0`` .. ``row0 + 15`` x columns ``col0`` ..
-    ``col0 + n_cols - 1``, times ``scale``) into ``dq_acc[ab, tile_row + row, h, col]`` by bulk
-    reductions: the warp stores it into its own part of the shared float32 tile at ``stage``
-    (``row_bytes`` per row), then lanes 0-15 hand one row each to the copy engine (rows at or
-    past ``limit`` are left out). A lane first waits until its reduction of the previous tile
-    has read its row."""
-    g = lane >> 2
-    t = lane & 3
-    if lane < 16:
-        bulk_wait_read()
-    syncwarp()
-    for e in range(0, 4, 2):
-        base = stage + (row0 + g + 4 * e) * row_bytes + (col0 + 2 * t) * 4
-        for j in range(n_cols // 8):
-            sts_f32x2(base + 32 * j, dqa[4 * j + e] * scale, dqa[4 * j + e + 1] * scale)
-    fence_proxy_async()     # the stores visible to the copy engine (the async proxy)
-    syncwarp()
-    row = tile_row + row0 + lane
-    if lane < 16 and row < limit:
-        bulk_add_f32(global_address(dq_acc, ab, row, h, col0),
-                     stage + (row0 + lane) * row_bytes + col0 * 4, 4 * n_cols)
-        bulk_commit()
-
-
 def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                            has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                            mask_kind: int = NONE, mask_mod=None, has_alibi: bool = False,
@@ -246,7 +202,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     DH = D // SPLIT                                # dK / dV columns of a warpgroup
     KS, NSEG = D // 16, D // 64
     BLK_K, BLK_Q = BN * 128, BM * 128              # bytes per 64-column block of a tile
-    K_OFF, V_OFF, Q_OFF, DO_OFF, DS_OFF, DQS_OFF, _ = _tile_bytes(D)
+    K_OFF, V_OFF, Q_OFF, DO_OFF, DS_OFF, _ = _tile_bytes(D)
     HEAD_WORDS = _head_words(D)
     BUF = BM * D * 2                               # bytes of one Q (dO) buffer
     RPP = NT // 8                                  # rows per copy pass (8 threads per segment)
@@ -258,8 +214,6 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     DQ_N = D // 2
     ACC_N, DQA_N = DH // 2, DQ_N // 2
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
-    BULK = ATOMIC and bulk_dq(D)
-    DQS_ROW = dq_stage_row(D)
     ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
     assert not (DIRECT and VARLEN)
     mod = mask_mod_device(mask_mod)
@@ -364,13 +318,8 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 fence_proxy_async()     # dS^T (generic stores) visible to wgmma
                 cuda.syncthreads()      # the whole tile's dS^T is in place
                 dq_product(dqa, ds_a, k_b, DQ_STEPS, DQ_N, BF16)
-                if BULK:
-                    stage_dq_rows(dq_acc, ab, h, dqa, scale, sbase + DQS_OFF, q_off + r0,
-                                  16 * (warp & 3), q_off + seqlen_q, dq_col0, DQ_N, DQS_ROW,
-                                  lane)
-                else:
-                    store_fragments(dq_acc, ab, q_off + r0 + 16 * (warp & 3), h, dqa, scale,
-                                    q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
+                store_fragments(dq_acc, ab, q_off + r0 + 16 * (warp & 3), h, dqa, scale,
+                                q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
             wgmma_wait(DH, dv)
             wgmma_wait(DH, dk)
             if SPLIT != 2:
@@ -379,12 +328,10 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
             cur = 1 - cur
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
-        if BULK and lane < 16:
-            bulk_wait()
         store_dkdv(dk_acc, dv_acc, ab, k0 + own0, h, dk, dv, scale, k_off, seqlen_k, col0,
                    DH // 8, lane, BF16, DIRECT)
 
     return jit_kernel(kernel, ("bwd_wgmma_dkdv", D, BF16, has_left, has_right, has_sinks,
-                               has_softcap, ATOMIC, KIND, ALIBI, VARLEN, BULK)
+                               has_softcap, ATOMIC, KIND, ALIBI, VARLEN)
                       + (("direct",) if DIRECT else ()),
                       cache=mask_mod is None)
