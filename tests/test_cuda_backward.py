@@ -145,7 +145,9 @@ def test_mma_against_dense(case):
 
 
 def test_mma_wide_tiles():
-    run_case(np.random.default_rng(7), "float16", 1, 150, 45, 2, 1, 16, True, tiles=WIDE_TILES)
+    # One head in the simulator (GQA on these tiles: test_alibi's bfloat16 case), two on a GPU.
+    hq = 1 if SIMULATOR else 2
+    run_case(np.random.default_rng(7), "float16", 1, 150, 45, hq, 1, 16, True, tiles=WIDE_TILES)
 
 
 def test_mma_dq_units_tile_any_head_dim():
@@ -193,15 +195,19 @@ def _every_third_causal(b, h, q_idx, kv_idx):
     return kv_idx <= q_idx and (q_idx - kv_idx) % 3 != 1
 
 
-# (dtype, tiles, deterministic, mask factory of n, n): masks without column intervals: a
-# draft tree in BFS order and a random matrix (packed bitmask), a mask_mod (compiled in).
+# (dtype, tiles, deterministic, mask factory of n, n, query heads in the simulator): masks
+# without column intervals: a draft tree in BFS order and a random matrix (packed bitmask), a
+# mask_mod (compiled in). GQA 2 (one kv head) on a GPU; in the simulator where a case of the
+# same kernel and encoding does not already reach it.
 OTHER_MASK_CASES = [
-    ("float32", FMA_TILES, False, lambda n: masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9), 41),
-    ("float16", MMA_TILES, True, lambda n: masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9), 41),
+    ("float32", FMA_TILES, False, lambda n: masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9), 41,
+     2),
+    ("float16", MMA_TILES, True, lambda n: masks.tree([-1, 0, 1, 1, 2, 2, 3, 3, 4], n - 9), 41,
+     2),
     ("bfloat16", WIDE_TILES, False,
-     lambda n: masks.from_dense(np.random.default_rng(n).random((n, n)) < 0.6), 70),
-    ("float64", FMA_TILES, True, lambda n: masks.mask_mod(_every_third_causal), 40),
-    ("float16", MMA_TILES, False, lambda n: masks.mask_mod(_every_third_causal), 33),
+     lambda n: masks.from_dense(np.random.default_rng(n).random((n, n)) < 0.6), 70, 1),
+    ("float64", FMA_TILES, True, lambda n: masks.mask_mod(_every_third_causal), 40, 1),
+    ("float16", MMA_TILES, False, lambda n: masks.mask_mod(_every_third_causal), 33, 2),
 ]
 
 
@@ -210,9 +216,9 @@ OTHER_MASK_CASES = [
 def test_bitmask_and_mask_mod(case):
     """Class tables built for the backward's tiles; per-element bits or the user's function in
     partial tiles (each case reaches skipped, full and partial tiles)."""
-    dtype_name, tiles, det, make, n = case
-    run_case(np.random.default_rng(8), dtype_name, 1, n, n, 2, 1, 16, mask=make(n),
-             deterministic=det, tiles=tiles)
+    dtype_name, tiles, det, make, n, hq = case
+    run_case(np.random.default_rng(8), dtype_name, 1, n, n, hq if SIMULATOR else 2, 1, 16,
+             mask=make(n), deterministic=det, tiles=tiles)
 
 
 # (dtype, tiles, deterministic, slopes shape, flags)
@@ -231,7 +237,10 @@ def test_alibi(case):
     rng = np.random.default_rng(9)
     slopes = rng.uniform(0.05, 0.5, shape).astype(np.float32)
     batch = shape[0] if len(shape) == 2 else 1      # per-batch slopes need two sequences
-    run_case(rng, dtype_name, batch, 37, 45, 2, 1, 16, deterministic=det, tiles=tiles,
+    # 2+ key blocks and query tiles of each layout, Sq != Sk (the distance's offset); larger
+    # on a GPU
+    sq, sk = (17, 33) if SIMULATOR else (37, 45)
+    run_case(rng, dtype_name, batch, sq, sk, 2, 1, 16, deterministic=det, tiles=tiles,
              alibi=slopes, **flags)
 
 
@@ -286,13 +295,15 @@ def run_varlen_case(rng, dtype_name, lens_q, lens_k, hq, hkv, d, causal=False, w
     _check_rule(dtype_name, [to_host(x).astype(np.float64) for x in got], ref, naive)
 
 
-# (dtype, tiles, deterministic, flags): sequences of 17 / 21, 0 / 3 (keys nobody sees: dK = dV
-# = 0), 9 / 9 and 23 / 19 (rows that see no key under causal) query / key rows.
+# (dtype, tiles, deterministic, flags, query heads in the simulator): sequences of 17 / 21,
+# 0 / 3 (keys nobody sees: dK = dV = 0), 9 / 9 and 23 / 19 (rows that see no key under causal)
+# query / key rows, one kv head. GQA 2 on a GPU, and in the simulator once per kernel (CUDA
+# cores, tensor cores): the others run one head (a packed batch always takes the partials).
 VARLEN_CASES = [
-    ("float32", FMA_TILES, False, dict(causal=True)),
-    ("float64", FMA_TILES, True, dict(window=(5, 2))),
-    ("float16", MMA_TILES, True, dict(causal=True)),
-    ("bfloat16", WIDE_TILES, False, dict(mask=masks.mask_mod(_every_third_causal))),
+    ("float32", FMA_TILES, False, dict(causal=True), 2),
+    ("float64", FMA_TILES, True, dict(window=(5, 2)), 1),
+    ("float16", MMA_TILES, True, dict(causal=True), 2),
+    ("bfloat16", WIDE_TILES, False, dict(mask=masks.mask_mod(_every_third_causal)), 1),
 ]
 
 
@@ -300,9 +311,9 @@ VARLEN_CASES = [
 def test_varlen(case):
     """Packed batches: each block finds its sequence in cu_seqlens; rows outside every
     sequence's reach get zero gradients."""
-    dtype_name, tiles, det, flags = case
-    run_varlen_case(np.random.default_rng(10), dtype_name, [17, 0, 9, 23], [21, 3, 9, 19], 2, 1,
-                    16, deterministic=det, tiles=tiles, **flags)
+    dtype_name, tiles, det, flags, hq = case
+    run_varlen_case(np.random.default_rng(10), dtype_name, [17, 0, 9, 23], [21, 3, 9, 19],
+                    hq if SIMULATOR else 2, 1, 16, deterministic=det, tiles=tiles, **flags)
 
 
 @pytest.mark.parametrize("dtype_name,tiles", [("float32", FMA_TILES), ("float16", MMA_TILES)])

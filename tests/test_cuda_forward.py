@@ -108,7 +108,7 @@ HALF_CASES = [
     ("float16", 1, 17, 17, 2, 1, 32, False, (-1, -1), 0, None),      # GQA 2
     ("bfloat16", 1, 17, 129, 1, 1, 32, True, (-1, -1), 0, None),     # 3 key tiles, bottom-right
     ("float16", 1, 70, 150, 1, 1, 32, False, (6, 3), 2, None),       # window + sinks, skipped tiles
-    ("bfloat16", 1, 1, 17, 2, 2, 64, True, (-1, -1), 0, 5.0),        # one query, softcap
+    ("bfloat16", 1, 1, 17, 1, 1, 64, True, (-1, -1), 0, 5.0),        # one query, softcap
     ("float16", 1, 20, 5, 1, 1, 96, True, (-1, -1), 0, None),        # rows that see no key
     ("bfloat16", 2, 9, 33, 2, 1, 32, False, (4, -1), 0, None),       # batch 2, MQA, left window only
     ("float16", 1, 20, 40, 1, 1, 128, True, (-1, -1), 0, None),      # Q in smem, swizzled rows, 2 key tiles
@@ -123,11 +123,11 @@ FULL_CASES = [
     # two 128-row query tiles, window + sinks over 5 key tiles, skipped middle tiles
     ("float32", 1, 129, 129, 1, 1, 32, False, (8, 8), 3, None),
     ("float64", 1, 1, 33, 4, 2, 64, True, (-1, -1), 0, None),        # one query, GQA over 2 kv heads
-    ("float32", 1, 33, 20, 2, 2, 96, False, (2, 0), 0, None),        # 4 lanes per row, 2 kv heads
-    ("float32", 1, 17, 40, 2, 1, 256, True, (-1, -1), 0, 3.0),       # 1 row per lane, 16-key tiles
+    ("float32", 1, 33, 20, 1, 1, 96, False, (2, 0), 0, None),        # 4 lanes per row
+    ("float32", 1, 17, 40, 1, 1, 256, True, (-1, -1), 0, 3.0),       # 1 row per lane, 16-key tiles
     ("float64", 2, 5, 9, 2, 1, 128, False, (-1, -1), 0, None),       # batch 2
     # 8 lanes per row, 8-key tiles: window + sinks over 5 tiles, skipped middle tiles
-    ("float64", 1, 19, 37, 2, 1, 256, False, (9, 2), 3, None),
+    ("float64", 1, 19, 37, 1, 1, 256, False, (9, 2), 3, None),
     ("float64", 1, 17, 20, 1, 1, 32, True, (-1, -1), 0, 2.5),        # causal with softcap, fp64
     # 4 lanes x 2 rows: rows 64-76 are the second rows; query rows past the keys
     ("float32", 1, 77, 13, 1, 1, 96, True, (-1, -1), 0, None),
@@ -150,7 +150,14 @@ MATRIX_CASES = [
     ]
 ] + [("float64", 1, 67, 71, 1, 1, 32, True, (-1, -1), 0, 2.5),
      ("float32", 1, 77, 13, 2, 1, 96, True, (-1, -1), 0, None),
-     ("float64", 1, 45, 50, 1, 1, 128, True, (-1, -1), 0, None)]
+     ("float64", 1, 45, 50, 1, 1, 128, True, (-1, -1), 0, None)] + [
+    # cases above at one head in the simulator (GQA and hkv 2 are reached by other cases of
+    # the same kernel), here with their heads
+    ("bfloat16", 1, 1, 17, 2, 2, 64, True, (-1, -1), 0, 5.0),
+    ("float32", 1, 33, 20, 2, 2, 96, False, (2, 0), 0, None),
+    ("float32", 1, 17, 40, 2, 1, 256, True, (-1, -1), 0, 3.0),
+    ("float64", 1, 19, 37, 2, 1, 256, False, (9, 2), 3, None),
+]
 
 
 @pytest.mark.parametrize("case", HALF_CASES + FULL_CASES + [
@@ -168,9 +175,11 @@ def test_strided_head_major_view(dtype_name):
     check_case(rng, dtype_name, 1, 17, 20, 2, 1, 32, causal=True, transpose=True)
 
 
-def test_bitwise_identical_across_runs():
+# One head in the simulator (each head is a block); two, as before, on a GPU.
+@pytest.mark.parametrize("heads", [1, pytest.param(2, marks=pytest.mark.full_matrix)])
+def test_bitwise_identical_across_runs(heads):
     rng = np.random.default_rng(11)
-    q, k, v = (_to_device(_random(rng, (1, 17, 2, 32), "float16")) for _ in range(3))
+    q, k, v = (_to_device(_random(rng, (1, 17, heads, 32), "float16")) for _ in range(3))
     a = _to_host(launch.attention_cuda(q, k, v, softmax_scale=0.2, causal=True))
     b = _to_host(launch.attention_cuda(q, k, v, softmax_scale=0.2, causal=True))
     assert np.array_equal(a.view(np.uint16), b.view(np.uint16))
@@ -256,16 +265,19 @@ def test_arrays_on_different_devices_raise(monkeypatch):
         launch.attention_cuda(q, k, v, softmax_scale=0.1)
 
 
-@pytest.mark.parametrize("dtype_name, d, causal, window, sinks", [
-    ("float16", 64, True, (-1, -1), 0),
-    ("bfloat16", 32, False, (5, 2), 2),
+@pytest.mark.parametrize("dtype_name, d, causal, window, sinks, hq", [
+    ("float16", 64, True, (-1, -1), 0, 1),
+    ("bfloat16", 32, False, (5, 2), 2, 1),
+    # GQA 2 as well: on a GPU, or in the simulator with --full-matrix
+    pytest.param("float16", 64, True, (-1, -1), 0, 2, marks=pytest.mark.full_matrix),
+    pytest.param("bfloat16", 32, False, (5, 2), 2, 2, marks=pytest.mark.full_matrix),
 ])
-def test_negative_scale(dtype_name, d, causal, window, sinks):
+def test_negative_scale(dtype_name, d, causal, window, sinks, hq):
     """A negative softmax_scale (legal: it flips the scores) on the tensor-core kernels: the row
     maximum of the logits is then the row's smallest product (an optimisation that takes the
     maximum on unscaled products must take the minimum here), and hidden pairs (causal,
     window, keys past the sequence) still get weight 0."""
-    check_case(np.random.default_rng(d + 3), dtype_name, 1, 20, 37, 2, 1, d, causal, window,
+    check_case(np.random.default_rng(d + 3), dtype_name, 1, 20, 37, hq, 1, d, causal, window,
                sinks, scale=-0.3)
 
 
@@ -580,13 +592,15 @@ def test_warp_specialised_kernel_compiles_offline():
         assert serialised == "0" and a_overwrites == "0", rows
 
 
-@pytest.mark.parametrize("dtype_name, d", [("float32", 40), ("float16", 72)])
-def test_other_head_dims_are_padded(dtype_name, d):
+@pytest.mark.parametrize("dtype_name, d, hq", [
+    ("float32", 40, 2), ("float16", 72, 1),
+    pytest.param("float16", 72, 2, marks=pytest.mark.full_matrix)])   # GQA on the GPU
+def test_other_head_dims_are_padded(dtype_name, d, hq):
     """A head dim no kernel takes as it is (a multiple of 8 up to 256) runs on the next kernel
     size with zero columns; out has the caller's head dim, lse is unchanged, and the default
     scale is 1/sqrt of the real head dim."""
     rng = np.random.default_rng(d)
-    q, k, v = (_random(rng, s, dtype_name) for s in ((1, 9, 2, d), (1, 13, 1, d), (1, 13, 1, d)))
+    q, k, v = (_random(rng, s, dtype_name) for s in ((1, 9, hq, d), (1, 13, 1, d), (1, 13, 1, d)))
     out, lse = numba_flash.attention(*(_to_device(x) for x in (q, k, v)), causal=True,
                                      return_lse=True, backend="cuda")
     out, lse = _to_host(out), _to_host(lse)

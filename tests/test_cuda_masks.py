@@ -178,8 +178,11 @@ SIM_MASKS = {
     if name in ("shared_question", "random_dense") else name for name in sorted(SIM_MASKS)])
 def test_kernel_fp32_every_encoding(name):
     rng = np.random.default_rng(7)
-    n = 70 if SIMULATOR else 517
-    _attention_case(rng, "float32", 1, n, n, 2, 1, 32, SIM_MASKS[name](n), window_size=(40, -1))
+    # One head in the simulator (each head is a block: GQA with masks runs in
+    # test_kernel_mask_mod_per_head_and_alibi and the backward's mask tests)
+    n, hq = (70, 1) if SIMULATOR else (517, 2)
+    _attention_case(rng, "float32", 1, n, n, hq, 1, 32, SIM_MASKS[name](n),
+                    window_size=(40, -1))
 
 
 # float16 on intervals also runs in test_kernel_tile_walk_past_32_tiles.
@@ -198,8 +201,9 @@ def test_kernel_half_intervals_and_mask_mod(dtype_name):
 def test_kernel_mask_mod_per_head_and_alibi():
     rng = np.random.default_rng(9)
     m = masks.mask_mod(lambda b, h, q, kv: (kv <= q) & (q - kv <= 3 + 5 * h), batch_head=True)
-    n = 37 if SIMULATOR else 300
-    _attention_case(rng, "float32", 2, n, n, 2, 1, 32, m)
+    # the mask reads h, not b: one batch in the simulator (two heads, 2 blocks), two on a GPU
+    n, b = (37, 1) if SIMULATOR else (300, 2)
+    _attention_case(rng, "float32", b, n, n, 2, 1, 32, m)
     slopes = np.array([0.3, 0.05], np.float32)
     _attention_case(rng, "float32", 1, n, n, 2, 1, 32, None, causal=True, alibi_slopes=slopes)
 

@@ -12,6 +12,19 @@ from numba_flash import masks
 from numba_flash.cuda.primitives import SIMULATOR
 
 BACKENDS = ["cpu", "cuda"]
+# (batches, query heads, kv heads) of the attention tests: BIG on CPU mode and, marked
+# full_matrix (a GPU machine, or the simulator with --full-matrix), on the kernels; a small
+# layout per test on both backends (each (batch, head) is a kernel block, about a second in
+# the simulator) that still gives a poisoned row a clean neighbour on the same keys.
+BIG = (2, 4, 2)
+
+
+def layouts(small):
+    """(backend, (b, hq, hkv)) parameters: ``small`` and BIG on each backend."""
+    return [pytest.param(backend, shape, id=f"{backend}-{'x'.join(map(str, shape))}",
+                         marks=[pytest.mark.full_matrix] if backend == "cuda" and shape == BIG
+                         else [])
+            for backend in BACKENDS for shape in (small, BIG)]
 
 
 def to_backend(backend, *arrays):
@@ -50,7 +63,7 @@ def check_rows(out, lse, clean_out, clean_lse, nan_rows, dtype):
                                **tol(dtype))
 
 
-def inputs(rng, b=2, sq=6, sk=8, hq=4, hkv=2, d=32, dtype=np.float32):
+def inputs(rng, b, hq, hkv, sq=6, sk=8, d=32, dtype=np.float32):
     q = rng.standard_normal((b, sq, hq, d)).astype(dtype)
     k = rng.standard_normal((b, sk, hkv, d)).astype(dtype)
     v = rng.standard_normal((b, sk, hkv, d)).astype(dtype)
@@ -67,65 +80,68 @@ def run(backend, q, k, v, **kw):
     return numba_flash.attention(*args, backend=backend, return_lse=True, **kw)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, shape", layouts((1, 2, 1)))
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
-def test_q_nonfinite_reaches_its_own_row(backend, value):
+def test_q_nonfinite_reaches_its_own_row(backend, shape, value):
     rng = np.random.default_rng(0)
-    q, k, v = inputs(rng, sq=10, sk=8)      # causal: rows 0 and 1 see no key
+    b, hq, hkv = shape
+    q, k, v = inputs(rng, *shape, sq=10, sk=8)   # causal: rows 0 and 1 see no key
     k[..., 0] = np.abs(k[..., 0]) + 0.5     # q[..., 0] = +-inf gives +-inf scores
     clean = run(backend, q, k, v, causal=True)
     bad = q.copy()
-    bad[1, 5, 3, 0] = value                 # a row that sees keys
-    bad[0, 1, 2, 0] = value                 # a row that sees none: stays 0 / -inf
+    bad[-1, 5, -1, 0] = value               # a row that sees keys
+    bad[0, 1, -2, 0] = value                # a row that sees none: stays 0 / -inf
     out, lse = run(backend, bad, k, v, causal=True)
-    nan_rows = np.zeros((2, 10, 4), bool)
+    nan_rows = np.zeros((b, 10, hq), bool)
     if value == -np.inf:
         # every visible score is -inf: the row reaches no key and is empty
         o, l = to_host(out), to_host(lse)
-        assert (o[1, 5, 3] == 0).all() and l[1, 3, 5] == -np.inf
+        assert (o[-1, 5, -1] == 0).all() and l[-1, -1, 5] == -np.inf
         expected_o, expected_l = to_host(clean[0]).copy(), to_host(clean[1]).copy()
-        expected_o[1, 5, 3], expected_l[1, 3, 5] = 0, -np.inf
+        expected_o[-1, 5, -1], expected_l[-1, -1, 5] = 0, -np.inf
         clean = (expected_o, expected_l)
     else:
-        nan_rows[1, 5, 3] = True
+        nan_rows[-1, 5, -1] = True
     check_rows(out, lse, *clean, nan_rows, q.dtype)
-    assert (to_host(out)[0, 1, 2] == 0).all() and to_host(lse)[0, 2, 1] == -np.inf
+    assert (to_host(out)[0, 1, -2] == 0).all() and to_host(lse)[0, -2, 1] == -np.inf
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_q_inf_times_zero_is_nan(backend):
+@pytest.mark.parametrize("backend, shape", layouts((1, 2, 1)))
+def test_q_inf_times_zero_is_nan(backend, shape):
     rng = np.random.default_rng(1)
-    q, k, v = inputs(rng)
+    b, hq, hkv = shape
+    q, k, v = inputs(rng, *shape)
     k[..., 0] = -np.abs(k[..., 0]) - 0.5    # +inf * negative: -inf scores ...
-    k[1, 2, 0, 0] = 0.0                     # ... except inf * 0 = NaN for key 2 of kv head 0
+    k[-1, 2, 0, 0] = 0.0                    # ... except inf * 0 = NaN for key 2 of kv head 0
     clean = run(backend, q, k, v, causal=True)
     bad = q.copy()
-    bad[1, 4, 1, 0] = np.inf                # row 4 (position 6) sees key 2: NaN
+    bad[-1, 4, 1, 0] = np.inf               # row 4 (position 6) sees key 2: NaN
     out, lse = run(backend, bad, k, v, causal=True)
-    nan_rows = np.zeros((2, 6, 4), bool)
-    nan_rows[1, 4, 1] = True
+    nan_rows = np.zeros((b, 6, hq), bool)
+    nan_rows[-1, 4, 1] = True
     check_rows(out, lse, *clean, nan_rows, q.dtype)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, shape", layouts((1, 2, 2)))
 @pytest.mark.parametrize("value", [np.nan, np.inf])
-def test_k_nonfinite_reaches_rows_that_see_the_key(backend, value):
+def test_k_nonfinite_reaches_rows_that_see_the_key(backend, shape, value):
     rng = np.random.default_rng(2)
-    q, k, v = inputs(rng)
+    b, hq, hkv = shape
+    q, k, v = inputs(rng, *shape)
     q[..., 0] = np.abs(q[..., 0]) + 0.5     # inf in k[..., 0]: +inf scores, NaN rows
     clean = run(backend, q, k, v, causal=True)
     bad = k.copy()
-    bad[0, 5, 1, 0] = value                 # kv head 1 serves query heads 2 and 3
+    bad[0, 5, 1, 0] = value                 # kv head 1 serves the second group of query heads
     out, lse = run(backend, q, bad, v, causal=True)
-    nan_rows = np.zeros((2, 6, 4), bool)
-    nan_rows[0, :, 2:] = sees(6, 8)[:, 5][:, None]   # rows 3, 4, 5 (positions 5, 6, 7)
+    nan_rows = np.zeros((b, 6, hq), bool)
+    nan_rows[0, :, hq // hkv:2 * hq // hkv] = sees(6, 8)[:, 5][:, None]   # rows 3, 4, 5
     check_rows(out, lse, *clean, nan_rows, q.dtype)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_k_minus_inf_score_acts_like_the_mask(backend):
     rng = np.random.default_rng(3)
-    q, k, v = inputs(rng, b=1, hq=2, hkv=1)
+    q, k, v = inputs(rng, 1, 2, 1)
     q[..., 0] = np.abs(q[..., 0]) + 0.5
     bad = k.copy()
     bad[0, 1, 0, 0] = -np.inf               # score -inf for every row: key 1 drops out
@@ -136,17 +152,18 @@ def test_k_minus_inf_score_acts_like_the_mask(backend):
     check_rows(out, lse, *ref, np.zeros((1, 6, 2), bool), q.dtype)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, shape", layouts((1, 2, 2)))
 @pytest.mark.parametrize("value", [np.nan, np.inf])
-def test_v_nonfinite_reaches_one_column_of_rows_that_see_the_key(backend, value):
+def test_v_nonfinite_reaches_one_column_of_rows_that_see_the_key(backend, shape, value):
     rng = np.random.default_rng(4)
-    q, k, v = inputs(rng)
+    group = shape[1] // shape[2]            # the query heads of one kv head
+    q, k, v = inputs(rng, *shape)
     clean_out, clean_lse = (to_host(x) for x in run(backend, q, k, v, causal=True))
     bad = v.copy()
-    bad[1, 4, 0, 7] = value                 # kv head 0 serves query heads 0 and 1
+    bad[-1, 4, 0, 7] = value                # kv head 0 serves the first group of query heads
     out, lse = (to_host(x) for x in run(backend, q, k, bad, causal=True))
     hit = np.zeros(out.shape, bool)
-    hit[1, :, :2, 7] = sees(6, 8)[:, 4][:, None]
+    hit[-1, :, :group, 7] = sees(6, 8)[:, 4][:, None]
     assert not np.isfinite(out[hit]).any()
     if np.isnan(value):
         assert np.isnan(out[hit]).all()
@@ -154,16 +171,16 @@ def test_v_nonfinite_reaches_one_column_of_rows_that_see_the_key(backend, value)
     if backend == "cuda":
         # Kernels: the rows of key 4's tile that mask it multiply its V by P = 0, and 0 * nan or
         # 0 * inf is NaN (docs/api.md, "Non-finite inputs"): column 7 may be NaN there too.
-        keep[1, :, :2, 7] = False
-        assert np.isfinite(out[1, :, 2:, 7]).all()     # kv head 1 never reads the bad value
+        keep[-1, :, :group, 7] = False
+        assert np.isfinite(out[-1, :, group:, 7]).all()   # kv head 1 never reads the bad value
     np.testing.assert_allclose(out[keep], clean_out[keep], **tol(q.dtype))
     np.testing.assert_array_equal(lse, clean_lse)       # lse does not read v
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_masked_keys_never_poison(backend):
+@pytest.mark.parametrize("backend, shape", layouts((1, 2, 1)))
+def test_masked_keys_never_poison(backend, shape):
     rng = np.random.default_rng(5)
-    q, k, v = inputs(rng, sq=7, sk=7)
+    q, k, v = inputs(rng, *shape, sq=7, sk=7)
     docs = masks.causal_document([3, 4])
     clean = run(backend, q, k, v, mask=docs)
     bad_k, bad_v = k.copy(), v.copy()
@@ -175,7 +192,7 @@ def test_masked_keys_never_poison(backend):
         bad_v[:, 6] = np.nan
     bad_k[:, 6] = np.nan                        # the last key: seen by the last row only
     out, lse = run(backend, q, bad_k, bad_v, mask=docs)
-    nan_rows = np.zeros((2, 7, 4), bool)
+    nan_rows = np.zeros((shape[0], 7, shape[1]), bool)
     nan_rows[:, :3] = sees(3, 3)[:, 1][None, :, None]   # rows 1, 2 of document 0
     nan_rows[:, 6] = True
     o, l = to_host(out), to_host(lse)
@@ -186,12 +203,13 @@ def test_masked_keys_never_poison(backend):
                                clean_l.transpose(0, 2, 1)[~nan_rows], **tol(q.dtype))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_varlen_nan_stays_in_its_sequence(backend):
+@pytest.mark.parametrize("backend, shape", layouts((1, 2, 1)))
+def test_varlen_nan_stays_in_its_sequence(backend, shape):
     rng = np.random.default_rng(6)
-    q = rng.standard_normal((9, 4, 32)).astype(np.float32)
-    k = rng.standard_normal((11, 2, 32)).astype(np.float32)
-    v = rng.standard_normal((11, 2, 32)).astype(np.float32)
+    _, hq, hkv = shape                      # two packed sequences whatever the batch count
+    q = rng.standard_normal((9, hq, 32)).astype(np.float32)
+    k = rng.standard_normal((11, hkv, 32)).astype(np.float32)
+    v = rng.standard_normal((11, hkv, 32)).astype(np.float32)
     cu_q, cu_k = np.array([0, 4, 9], np.int32), np.array([0, 5, 11], np.int32)
 
     def call(k_, v_):
@@ -204,8 +222,8 @@ def test_varlen_nan_stays_in_its_sequence(backend):
     bad = k.copy()
     bad[3, 0, 5] = np.nan                   # sequence 0, key 3, kv head 0
     o, l = (to_host(x) for x in call(bad, v))
-    nan_rows = np.zeros((9, 4), bool)
-    nan_rows[:4, :2] = sees(4, 5)[:, 3][:, None]        # rows 2, 3 of sequence 0
+    nan_rows = np.zeros((9, hq), bool)
+    nan_rows[:4, :hq // hkv] = sees(4, 5)[:, 3][:, None]        # rows 2, 3 of sequence 0
     assert np.isnan(o[nan_rows]).all() and np.isnan(l.T[nan_rows]).all()
     np.testing.assert_allclose(o[~nan_rows], clean_o[~nan_rows], **tol(q.dtype))
     np.testing.assert_allclose(l.T[~nan_rows], clean_l.T[~nan_rows], **tol(q.dtype))
