@@ -10,7 +10,7 @@ import pytest
 from numba import cuda
 
 from numba_flash.cuda.primitives import (SIMULATOR, mma_f64, mma_f64_k16, mma_f64_k16_884,
-                                         mma_tf32, split_tf32)
+                                         mma_tf32, split_tf32, split_tf32_fast)
 from numba_flash.cuda.primitives.mma_exact import tensor_core_rounding
 from offline_sass import run_offline
 from gpu_arrays import to_device, to_host
@@ -45,15 +45,15 @@ def _dmma_k16_kernel(product):
 
 
 @cuda.jit
-def _tf32(a, b, c, d, three):
+def _tf32(a, b, c, d, three, fast):
     lane = cuda.threadIdx.x
     g, t = lane >> 2, lane & 3
     ah, al = cuda.local.array(4, np.float32), cuda.local.array(4, np.float32)
     bh, bl = cuda.local.array(2, np.float32), cuda.local.array(2, np.float32)
     for i, (r, k) in enumerate(((g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4))):
-        ah[i], al[i] = split_tf32(a[r, k])
+        ah[i], al[i] = split_tf32_fast(a[r, k]) if fast else split_tf32(a[r, k])
     for i, k in enumerate((t, t + 4)):
-        bh[i], bl[i] = split_tf32(b[k, g])
+        bh[i], bl[i] = split_tf32_fast(b[k, g]) if fast else split_tf32(b[k, g])
     acc = (c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
     if three:   # small terms first: a_lo b_hi + a_hi b_lo, then a_hi b_hi
         acc = mma_tf32(al[0], al[1], al[2], al[3], bh[0], bh[1], *acc)
@@ -84,9 +84,11 @@ def test_dmma_k16_matches_numpy(native):
     np.testing.assert_allclose(to_host(d), a @ b + c, rtol=1e-14, atol=1e-14)
 
 
-def test_three_tf32_products_reach_float32_accuracy():
+@pytest.mark.parametrize("fast", [False, True])
+def test_three_tf32_products_reach_float32_accuracy(fast):
     """One TF32 product keeps ~10 mantissa bits; the 3xTF32 sum (hi*hi + hi*lo + lo*hi) comes
-    within a few float32 roundings of the float64 product."""
+    within a few float32 roundings of the float64 product, with lo rounded to TF32
+    (``split_tf32``) or left for the tensor core to truncate (``split_tf32_fast``)."""
     rng = np.random.default_rng(1)
     a = rng.standard_normal((16, 8)).astype(np.float32)
     b = rng.standard_normal((8, 8)).astype(np.float32)
@@ -95,7 +97,7 @@ def test_three_tf32_products_reach_float32_accuracy():
     errors = []
     for three in (False, True):
         d = to_device(np.full((16, 8), np.nan, np.float32))
-        _tf32[1, 32](to_device(a), to_device(b), to_device(c), d, three)
+        _tf32[1, 32](to_device(a), to_device(b), to_device(c), d, three, fast)
         errors.append(np.abs(to_host(d) - exact).max() / np.abs(exact).max())
     plain, compensated = errors
     assert 1e-5 < plain < 1e-2, plain                  # TF32: 10 mantissa bits
@@ -105,7 +107,7 @@ def test_three_tf32_products_reach_float32_accuracy():
 
 def _one_tf32_product(a, b, c):
     d = to_device(np.full((16, 8), np.nan, np.float32))
-    _tf32[1, 32](to_device(a), to_device(b), to_device(c), d, False)
+    _tf32[1, 32](to_device(a), to_device(b), to_device(c), d, False, False)
     return to_host(d)
 
 
@@ -146,6 +148,50 @@ def test_split_tf32_is_exact_in_two_parts():
         assert abs(float(hi) + float(lo) - float(x)) <= 2 ** -21 * abs(x)
 
 
+@cuda.jit
+def _split_fast(x, hi, lo):
+    i = cuda.grid(1)
+    if i < x.size:
+        hi[i], lo[i] = split_tf32_fast(x[i])
+
+
+def _tf32_bits(x, mask=0xFFFFE000):
+    return (np.asarray(x, np.float32).view(np.uint32) & np.uint32(mask)).view(np.float32)
+
+
+def test_split_tf32_fast_rounds_like_cvt_rna():
+    """``split_tf32_fast``: hi is x rounded to nearest TF32 (ties away from zero, cvt.rna's
+    rule), lo = x - hi exactly, and hi + lo truncated to TF32 (what the tensor core reads) is
+    within 2^-21 |x|; an infinity keeps its hi and a NaN has a NaN lo (so a NaN product), the
+    payload 0x7FFFFFFF included (its hi carries into the sign)."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(256) * np.exp2(rng.integers(-60, 60, 256))).astype(np.float32)
+    ties = np.array([1 + 2.0 ** -11, -(1 + 3 * 2.0 ** -11), 1 + 2.0 ** -11 - 2.0 ** -23],
+                    np.float32)
+    special = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32)
+    canonical_nan = np.array([0x7FFFFFFF], np.uint32).view(np.float32)
+    x = np.concatenate([x, ties, special, canonical_nan])
+    hi, lo = (to_device(np.full(x.size, 7, np.float32)) for _ in range(2))
+    _split_fast[(x.size + 127) // 128, 128](to_device(x), hi, lo)
+    hi, lo = to_host(hi), to_host(lo)
+    n = x.size - special.size - 1
+    fin = slice(0, n)
+    half_ulp = np.abs(x[fin].astype(np.float64) - _tf32_bits(x[fin]).astype(np.float64))
+    assert np.array_equal(_tf32_bits(hi[fin]), hi[fin])         # hi is a TF32 number
+    err = np.abs(hi[fin].astype(np.float64) - x[fin])
+    ulp = np.exp2(np.floor(np.log2(np.abs(x[fin].astype(np.float64)))) - 10)
+    assert np.all(err <= ulp / 2)                                # nearest ...
+    tie = np.isclose(half_ulp, ulp / 2, rtol=0, atol=0)
+    assert np.all(np.abs(hi[fin][tie]) > np.abs(x[fin][tie]))    # ... ties away from zero
+    assert hi[n - 3:n].tolist() == [1 + 2.0 ** -10, -(1 + 2.0 ** -9), 1.0]
+    assert np.array_equal(lo[fin], x[fin] - hi[fin])             # the exact remainder
+    kept = hi[fin].astype(np.float64) + _tf32_bits(lo[fin])
+    assert np.all(np.abs(kept - x[fin]) <= 2.0 ** -21 * np.abs(x[fin].astype(np.float64)))
+    assert hi[n:n + 2].tolist() == [np.inf, -np.inf]
+    assert np.isnan(_tf32_bits(lo[n:n + 3])).all() and np.isnan(_tf32_bits(lo[-1:])).all()
+    assert hi[n + 3:n + 5].tolist() == [0.0, 0.0] and not lo[n + 3:n + 5].any()
+
+
 _OFFLINE = r"""
 import os, sys
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
@@ -156,7 +202,8 @@ import test_mma_exact as t
 f64, f32 = types.float64, types.float32
 A = lambda ty: types.Array(ty, 2, "C")
 d = kr.report(t._dmma.py_func, types.void(A(f64), A(f64), A(f64), A(f64)))
-s = kr.report(t._tf32.py_func, types.void(A(f32), A(f32), A(f32), A(f32), types.boolean))
+s = kr.report(t._tf32.py_func, types.void(A(f32), A(f32), A(f32), A(f32), types.boolean,
+                                         types.boolean))
 print(d["sass"].count("DMMA"), s["sass"].count("HMMA.1688.F32.TF32"), d["n_ldl"], s["n_ldl"])
 """
 

@@ -36,7 +36,8 @@ from .wgmma import (cp_async4_to, cp_async16_to, cp_async16_at_address, fence_pr
 from .smem import lds16, shared_view
 from .grid import grid_dependency_wait, grid_launch_dependents
 from .vector import ld_v4, unpack16, unpack_bf16, unpack_f16
-from .mma_exact import mma_f64, mma_f64_k16, mma_f64_k16_884, mma_tf32, split_tf32
+from .mma_exact import (mma_f64, mma_f64_k16, mma_f64_k16_884, mma_tf32, split_tf32,
+                        split_tf32_fast)
 from .atomics import red_add2
 from .mbarrier import (fence_mbar_init, mbar_arrive, mbar_init, mbar_try_wait, named_arrive,
                        named_sync, regs_dec_72, regs_inc_216)

@@ -20,9 +20,20 @@
 * ``split_tf32(x) -> (hi, lo)``: ``hi`` = x rounded to TF32 (``cvt.rna.tf32.f32``), ``lo`` =
   (x - hi) rounded to TF32, so that ``hi + lo`` carries about 21 significant bits of x: the
   operands of the 3xTF32 scheme (``a_hi b_hi + a_hi b_lo + a_lo b_hi``, fp32 accumulation).
+* ``split_tf32_fast(x) -> (hi, lo)``: the same ``hi`` by integer operations on the bits
+  (``(bits + 0x1000) & 0xFFFFE000``: round to nearest, ties away, as cvt.rna; two integer
+  instructions where cvt.rna lowers to a compare-and-select sequence) and ``lo = x - hi``
+  (exact) left unrounded: the tensor core reads an operand's top 19 bits, so it truncates lo to
+  TF32 itself (``hi + trunc(lo)`` keeps about 22 significant bits of x: lo has at most 13, it
+  loses at most 2 of them). Infinities stay infinite (0x7F800000 + 0x1000 keeps its exponent
+  and loses the added bit to the mask); a NaN's ``hi`` may come out as an infinity or -0 (the
+  add carries a full payload into the sign), but ``lo = x - hi`` is then the GPU's canonical NaN
+  (0x7FFFFFFF, NaN after truncation), so ``a_lo b_hi`` / ``a_hi b_lo`` and the product are
+  NaN. An infinite x gives ``lo = inf - inf = NaN`` and a NaN product, as ``split_tf32`` does.
 
 In the simulator the products are computed exactly from the 32 lanes' gathered fragments and
-rounded once (float64 for DMMA; float32 for TF32 after the operands' TF32 truncation). The TF32
+rounded once (float64 for DMMA; float32 for TF32 after the operands' truncation to TF32: the low
+13 mantissa bits dropped, as the hardware reads them). The TF32
 stand-in rounds to nearest by default: an ideal tensor core. The hardware does not: it forms the
 products exactly but rounds the sum toward zero (Fasi, Higham, Mikaitis, Pranesh, "Numerical
 behavior of NVIDIA tensor cores", PeerJ CS 2021), so every mma into a long-lived accumulator adds
@@ -41,7 +52,10 @@ import numpy as np
 from .base import SIMULATOR, collective, inlined
 
 __all__ = ["mma_f64", "mma_f64_k16", "mma_f64_k16_884", "mma_tf32", "split_tf32",
-           "tensor_core_rounding"]
+           "split_tf32_fast", "tensor_core_rounding"]
+
+_TF32_HALF = 0x1000          # half a TF32 ulp in a float32's bits: + and mask round to nearest
+_TF32_MASK = 0xFFFFE000      # sign, exponent and the 10 mantissa bits TF32 keeps
 
 _G = np.arange(32) >> 2
 _T = np.arange(32) & 3
@@ -117,11 +131,30 @@ if not SIMULATOR:
         return sig, codegen
 
 
+    @intrinsic
+    def _round_tf32_bits(typingctx, x):
+        sig = _F32(_F32)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            bits = builder.add(builder.bitcast(args[0], i32), ir.Constant(i32, _TF32_HALF))
+            bits = builder.and_(bits, ir.Constant(i32, _TF32_MASK - (1 << 32)))
+            return builder.bitcast(bits, ir.FloatType())
+
+        return sig, codegen
+
     @inlined
     def split_tf32(x):
         """(hi, lo): x rounded to TF32 and the rounded remainder (module docstring)."""
         hi = _to_tf32(x)
         return hi, _to_tf32(x - hi)
+
+    @inlined
+    def split_tf32_fast(x):
+        """(hi, lo): x rounded to TF32 by integer operations and the exact remainder, left for
+        the tensor core to truncate (module docstring)."""
+        hi = _round_tf32_bits(x)
+        return hi, x - hi
 
     def tensor_core_rounding(mode: str):
         """The simulator's TF32 rounding model: not available on a GPU, whose tensor cores round
@@ -155,10 +188,25 @@ else:
             bits = (int(bits) + 0x1000) & 0xFFFFE000
         return np.array([bits], dtype=np.uint32).view(np.float32)[0]
 
+    def _tf32_truncate(x):
+        """The TF32 number the tensor cores read from float32 ``x``: its low 13 bits dropped."""
+        bits = np.array([x], dtype=np.float32).view(np.uint32) & np.uint32(_TF32_MASK)
+        return bits.view(np.float32)[0]
+
     def split_tf32(x):
         """(hi, lo): x rounded to TF32 and the rounded remainder (module docstring)."""
         hi = _tf32(np.float32(x))
         return hi, _tf32(np.float32(np.float32(x) - hi))
+
+    def split_tf32_fast(x):
+        """(hi, lo): the GPU version's integer rounding (+ half an ulp, mask; a NaN's payload
+        may carry into the sign, as there) and the exact float32 remainder (module
+        docstring)."""
+        bits = np.array([x], dtype=np.float32).view(np.uint32).astype(np.uint64)
+        bits = ((bits + _TF32_HALF) & _TF32_MASK).astype(np.uint32)
+        hi = bits.view(np.float32)[0]
+        with np.errstate(invalid="ignore"):
+            return hi, np.float32(np.float32(x) - hi)
 
     def _combine_f64(slots):
         a = np.zeros((8, 4))
@@ -213,7 +261,7 @@ else:
         c = np.zeros((16, 8), dtype=np.float32)
         for lane, s in enumerate(slots):
             g, t = lane >> 2, lane & 3
-            a0, a1, a2, a3, b0, b1 = (float(_tf32(np.float32(x))) for x in s[:6])
+            a0, a1, a2, a3, b0, b1 = (float(_tf32_truncate(np.float32(x))) for x in s[:6])
             a[g, t], a[g + 8, t], a[g, t + 4], a[g + 8, t + 4] = a0, a1, a2, a3
             b[t, g], b[t + 4, g] = b0, b1
             c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1] = s[6:]
