@@ -36,6 +36,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default=None,
+                    help="comma-separated case names (e.g. prefix_lm_causal,causal (flag))")
     args = ap.parse_args()
     import torch
 
@@ -48,6 +50,8 @@ def main():
     cases = [(name, {"mask": masks[name]}) for name in NAMES]
     cases += [("causal (flag)", {"causal": True}),
               ("sliding_window (window_size)", {"window_size": (1024, 0)})]
+    if args.only:
+        cases = [c for c in cases if c[0] in args.only.split(",")]
     print(f"{'case':30s} {'tiles':>6s} {'fwd':>7s} {'bwd':>7s} {'flex fwd':>8s} {'flex bwd':>8s}"
           f" {'fwd x':>6s} {'bwd x':>6s} {'us/tile':>8s}")
     for name, kw in cases:

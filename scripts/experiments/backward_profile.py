@@ -7,7 +7,8 @@
 reduce passes, so skipping two launches profiles the dK / dV kernel;
 docs/data/ncu_backward_mma_h200_2026-11-27_2d7229c_hd128.txt is that run.)
 
-Runs the call twice (the first compiles), synchronising after each.
+``--deterministic``: the deterministic mode (its dK / dV kernel has no dQ atomics; a separate
+dQ kernel follows). Runs the call twice (the first compiles), synchronising after each.
 """
 from __future__ import annotations
 
@@ -26,14 +27,17 @@ def main():
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--deterministic", action="store_true")
     args = ap.parse_args()
     shape = (args.batch, args.n, args.heads, args.head_dim)
+    dtype = cp.float16
     rng = cp.random.default_rng(0)
-    q, k, v, dout = (rng.standard_normal(shape, dtype=cp.float32).astype(cp.float16)
+    q, k, v, dout = (rng.standard_normal(shape, dtype=cp.float32).astype(dtype)
                      for _ in range(4))
     for _ in range(2):
         out, lse = numba_flash.attention(q, k, v, causal=args.causal, return_lse=True)
-        grads = numba_flash.attention_backward(dout, q, k, v, out, lse, causal=args.causal)
+        grads = numba_flash.attention_backward(dout, q, k, v, out, lse, causal=args.causal,
+                                                   deterministic=args.deterministic)
         cp.cuda.runtime.deviceSynchronize()
     print("dq max", float(np.abs(cp.asnumpy(grads[0]).astype(np.float32)).max()))
 

@@ -19,7 +19,7 @@ shared buffers by cp.async. Per query tile, per warpgroup (``Q``, ``dO`` the til
     dQ   += scale dS K      wgmma m64n{D / 2}, A = dS (dS^T in shared memory, MN-major),
                             B = K (MN-major): warpgroup w the columns D / 2 w .. over all
                             the block's keys, added into dQ by atomics (one per element
-                            and block)
+                            and block) after the next tile's first barrier
 
 head_dim 256 (``wgmma_split``): the block owns 64 keys; both warpgroups compute S^T and dP^T of
 all of them, each accumulates dK / dV for 128 of the columns and adds dQ's 128 columns of the
@@ -284,6 +284,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                                 cp_part, tid, Q_PASSES, NSEG, BLK_Q)
         cp_async_commit()
         cur = 0
+        dq_row = -1                 # first row of the dQ tile awaiting its reductions
         while t < end:
             nxt = next_query_tile(t + 1, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN,
                                   seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
@@ -297,6 +298,9 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                                     q, dout, lse2, delta, ab, q_off, b, h, nxt * BM, seqlen_q,
                                     cp_row, cp_part, tid, Q_PASSES, NSEG, BLK_Q)
             cp_async_commit()
+            if ATOMIC and dq_row >= 0:      # the previous tile's dQ (see below)
+                store_fragments(dq_acc, ab, dq_row, h, dqa, scale, q_off + seqlen_q, dq_col0,
+                                DQ_N // 8, lane, True)
             r0 = t * BM
             _, full = tile_kind(KIND, mm, mk_tab, tb, t, mtile, r0, BM, k0, BN, seqlen_q,
                                 seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
@@ -318,8 +322,10 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 fence_proxy_async()     # dS^T (generic stores) visible to wgmma
                 cuda.syncthreads()      # the whole tile's dS^T is in place
                 dq_product(dqa, ds_a, k_b, DQ_STEPS, DQ_N, BF16)
-                store_fragments(dq_acc, ab, q_off + r0 + 16 * (warp & 3), h, dqa, scale,
-                                q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
+                # added into dQ after the next tile's first barrier, not here: the proxy fence
+                # before that barrier (MEMBAR.ALL.CTA in the SASS) waits for the thread's
+                # outstanding reductions (docs/backward.md, "Deferred dQ reductions")
+                dq_row = q_off + r0 + 16 * (warp & 3)
             wgmma_wait(DH, dv)
             wgmma_wait(DH, dk)
             if SPLIT != 2:
@@ -328,6 +334,9 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
             cur = 1 - cur
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
+        if ATOMIC and dq_row >= 0:
+            store_fragments(dq_acc, ab, dq_row, h, dqa, scale, q_off + seqlen_q, dq_col0,
+                            DQ_N // 8, lane, True)
         store_dkdv(dk_acc, dv_acc, ab, k0 + own0, h, dk, dv, scale, k_off, seqlen_k, col0,
                    DH // 8, lane, BF16, DIRECT)
 
