@@ -23,7 +23,8 @@ from ..kernels import forward_geometry as geometry
 from ..kernels.forward_dmma import (dmma_geometry, dmma_smem_bytes, dmma_supported,
                                    make_dmma_kernel)
 from ..kernels.forward_fma import make_fma_kernel
-from ..kernels.forward_tf32x3 import make_tf32x3_kernel, tf32x3_geometry, tf32x3_supported
+from ..kernels.forward_tf32x3 import (make_tf32x3_kernel, tf32x3_geometry, tf32x3_smem_bytes,
+                                      tf32x3_supported)
 from ..kernels.forward_mma import make_mma_kernel
 from ..kernels.forward_ws import (WS_BLOCK_M, WS_LAUNCH_REGISTERS, WS_THREADS, make_ws_kernel,
                                   ws_head_dims, ws_moves_registers, ws_smem_bytes)
@@ -194,7 +195,8 @@ def kernel_for(dtype_name: str, head_dim: int, has_left: bool, has_right: bool, 
     if entry is None and tf32:
         entry = _KERNELS[key] = KernelEntry(make_tf32x3_kernel(head_dim, has_left, has_right,
                                                                has_sinks, has_softcap, write_lse),
-                                            *tf32x3_geometry(head_dim), 0)
+                                            *tf32x3_geometry(head_dim),
+                                            tf32x3_smem_bytes(head_dim))
     if entry is None and dmma:
         native, hopper = key.dmma_target
         geo = dmma_geometry(head_dim, hopper)
