@@ -90,15 +90,21 @@ def tf32x3_supported(head_dim: int) -> bool:
     return head_dim in (32, 64, 96)
 
 
+def _warps(head_dim: int) -> int:
+    """Warps per block: 4, 8 beyond head_dim 64 (there a 4-warp block's 127 KB of shared memory
+    would leave one block, 4 warps, per multiprocessor; 8 warps share one split K / V tile)."""
+    return 8 if head_dim > 64 else TF32_WARPS
+
+
 def tf32x3_geometry(head_dim: int) -> tuple[int, int]:
-    """(query rows per block, threads per block): 4 warps of 16 rows."""
-    return 16 * TF32_WARPS, 32 * TF32_WARPS
+    """(query rows per block, threads per block): warps of 16 rows (``_warps``)."""
+    return 16 * _warps(head_dim), 32 * _warps(head_dim)
 
 
 def _smem_words(head_dim: int, block_n: int):
     """Word offsets of the shared tiles: Q hi, Q lo, K hi, K lo, split V, landing K, landing V,
     and the total."""
-    rows = 16 * TF32_WARPS
+    rows = 16 * _warps(head_dim)
     dk = head_dim + _PAD_K
     q = rows * head_dim
     k = block_n * dk
@@ -150,8 +156,10 @@ def split_tile(kh, kl, vsp, lk, lv, tid, threads, block_n, head_dim):
         h3, e3 = split_tf32_fast(x3)
         kh[r, col], kh[r, col + 1], kh[r, col + 2], kh[r, col + 3] = h0, h1, h2, h3
         kl[r, col], kl[r, col + 1], kl[r, col + 2], kl[r, col + 3] = e0, e1, e2, e3
-    for c in range((block_n // 2) * cpr // threads):
+    for c in range(((block_n // 2) * cpr + threads - 1) // threads):
         r, col = chunk_of(c, tid, threads, cpr)
+        if r >= block_n // 2:           # (a last, partial round of chunks)
+            break
         x0, x1, x2, x3 = lds16(lv, 2 * r, col, 0)
         y0, y1, y2, y3 = lds16(lv, 2 * r + 1, col, 0)
         w = 4 * col
@@ -320,9 +328,9 @@ def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks
         raise ValueError(f"head_dim must be 32, 64 or 96 for the 3xTF32 kernel, got {D}")
     BN = int(block_n)
     BM, NT = tf32x3_geometry(D)
-    if BN % 16 or (BN * D // 8) % NT:
+    if BN % 16 or (BN * D // 4) % NT:
         raise ValueError(f"block_n {BN} is not one the kernel takes (a multiple of 16 whose "
-                         f"split V pass divides over the threads)")
+                         f"K / V copies divide over the threads)")
     KPAIRS, ND = D // 16, D // 8         # k-step pairs of Q K^T; n-tiles of the output
     NS = BN // 8                         # n-tiles of S = k-steps of P V
     DK, DV = D + _PAD_K, 4 * D + _PAD_V
