@@ -6,12 +6,16 @@ rate. Flags only (causal, window, sinks, softcap) and GQA; mask objects, packed 
 and score_mod stay on the CUDA-core kernel.
 
 Tiling (``tf32x3_geometry``). A warp owns 16 query rows (one ``m16n8k8`` m-tile), a block 4
-warps; key tiles of ``BN`` keys (32). K and V tiles land by cp.async in one landing buffer of
-dynamic shared memory; per tile the block splits the landed tile once into hi / lo tiles
-(one pass of 16-byte loads, a barrier), then the next tile's copy starts and runs during this
-one's products (two barriers per tile: the landed tile and the split tiles). Q is split once per
-block: its A fragments (hi and lo) sit in registers up to head_dim 64 and as hi / lo tiles in
-shared memory beyond.
+warps (8 beyond head_dim 64, so that one block's 176 KB of shared memory keeps 8 warps per
+multiprocessor); key tiles of ``BN`` = 32 keys (64 spilled: 255 registers). K and V tiles land
+by cp.async in one landing buffer of dynamic shared memory; per tile the block splits the landed
+tile once into hi / lo tiles (one pass of 16-byte loads and stores, a barrier), then starts the
+next tile's copy, which runs during this one's products: two barriers per tile (the tile landed
+and the last one's products done; the split tiles written). Q is split once per block into
+per-lane fragment slots of shared memory (``store_q_split``: a lane's a0..a3 of one k-step in
+16 bytes, hi and lo; only the lane reads them, so no barrier; in registers they cost 176
+registers at head_dim 32 and spilled at 64). A tile the warp sees whole (``tile_is_full``)
+skips the per-pair mask.
 
 Fragments. ``m16n8k8`` TF32 (lane (g, t) = (lane >> 2, lane & 3)): A ``a0 = A[g, t]``,
 ``a1 = A[g + 8, t]``, ``a2 = A[g, t + 4]``, ``a3 = A[g + 8, t + 4]``; B ``b0 = B[t, g]``,
@@ -32,11 +36,13 @@ makes a lane's operands adjacent in shared memory:
   of ``V[2r + e, c]``, so one 16-byte load is ``b0_hi, b0_lo, b1_hi, b1_lo``.
 
 Bank conflicts (4-byte words, 32 banks; a 16-byte load is served 8 lanes at a time, lanes
-(g, t) with g = 2p, 2p + 1). K and Q hi / lo rows are padded to ``D + 16`` words: lane (g, t)
-reads words ``g (D + 16) + 4t + const``, 16 (D + 16) = 16 mod 32 apart for g and g + 1, so the
-8 lanes cover all 32 banks. Split V rows are ``4 D + 8`` words: lane (g, t) reads
-``t (4 D + 8) + 4g + const``, i.e. 4-word groups ``2t + g`` (mod 8), distinct over the 8 lanes.
-The landing tiles are unpadded (their 16-byte reads by the split pass run along a row).
+(g, t) with g = 2p, 2p + 1). K hi / lo rows are padded to ``D + 16`` words: lane (g, t) reads
+words ``g (D + 16) + 4t + const``, and (D + 16) = 16 mod 32 for D a multiple of 32, so rows g
+and g + 1 fill the two halves of the 32 banks. Split V rows (a pair of keys) are ``4 D + 8``
+words: lane (g, t) reads ``t (4 D + 8) + 4g + const``, i.e. 4-word groups ``2t + g`` (mod 8),
+distinct over the 8 lanes. Q's slots are consecutive per lane (conflict-free). The landing
+tiles are unpadded (the split pass reads them along rows); the split pass's V stores (16 bytes
+at a 64-byte stride) conflict 4-way, once per element and tile.
 
 Split (``split_tf32_fast``): ``hi`` rounded to nearest TF32 by two integer operations on the
 bits, ``lo = x - hi`` exact and unrounded (the tensor core truncates it to TF32: hi + trunc(lo)
@@ -86,7 +92,9 @@ ZERO = np.float32(0.0)
 
 
 def tf32x3_supported(head_dim: int) -> bool:
-    """Head dims of the 3xTF32 kernel: 32, 64, 96."""
+    """Head dims of the 3xTF32 kernel: 32, 64, 96 (offline sm_90, 16 flag combinations: 132-180
+    / 173-176 / 172-177 registers, no local memory). At 128 the 32-key build took 255
+    registers and spilled 68 bytes, so 128 stays on the CUDA-core kernel."""
     return head_dim in (32, 64, 96)
 
 
@@ -158,8 +166,8 @@ def split_tile(kh, kl, vsp, lk, lv, tid, threads, block_n, head_dim):
         kl[r, col], kl[r, col + 1], kl[r, col + 2], kl[r, col + 3] = e0, e1, e2, e3
     for c in range(((block_n // 2) * cpr + threads - 1) // threads):
         r, col = chunk_of(c, tid, threads, cpr)
-        if r >= block_n // 2:           # (a last, partial round of chunks)
-            break
+        if (block_n // 2) * cpr % threads and r >= block_n // 2:
+            break                       # (a last, partial round of chunks: head_dim 96)
         x0, x1, x2, x3 = lds16(lv, 2 * r, col, 0)
         y0, y1, y2, y3 = lds16(lv, 2 * r + 1, col, 0)
         w = 4 * col
