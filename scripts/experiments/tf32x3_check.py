@@ -1,9 +1,10 @@
 """GPU check of the float32 3xTF32 forward kernel (kernels/forward_tf32x3.py) against the IEEE
 CUDA-core kernel: max error of each against the float64 reference (numba_flash_reference), their
-ratio and issue 21's rule (3xTF32 <= 2 x IEEE + 2e-7), and the time of each (median of CUDA
-events after a warm-up). The tensor cores round every mma toward zero, which made the kernel's
-error grow with the number of keys while it kept S and O in long-lived tensor-core accumulators
-(docs/perf-notes.md, 2026-11-25).
+ratio and issue 21's rule (3xTF32 <= 2 x IEEE + 2e-7), and the time of each (a loop of
+back-to-back calls between CUDA events after a warm-up; until 2026-11-29 an event pair around
+each call, which counted the slow path's host work). The tensor cores round every mma toward
+zero, which made the kernel's error grow with the number of keys while it kept S and O in
+long-lived tensor-core accumulators (docs/perf-notes.md, 2026-11-25).
 
     PYTHONPATH=scripts python scripts/experiments/tf32x3_check.py
 
@@ -45,6 +46,21 @@ CASES = [  # B, Sq, Sk, Hq, Hkv, D, options
     (2, 4096, 4096, 16, 16, 128, dict(causal=True)),
 ]
 BIG = 1 << 24           # Sq * Sk * heads beyond which the reference runs on the GPU
+
+
+def loop_ms(fn, reps=10):
+    """GPU milliseconds per call of ``reps`` back-to-back calls between two CUDA events (after a
+    warm-up): ``call`` goes through the slow launch path (~0.4 ms of host work), which a loop
+    hides behind the kernels where an event pair around each call would count it."""
+    fn()
+    cp.cuda.get_current_stream().synchronize()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / reps
 
 
 def call(q, k, v, kw, tf32: bool):
@@ -115,7 +131,7 @@ def main() -> int:
                 err[tf32] = ms[tf32] = None
                 continue
             err[tf32] = float(cp.abs(out.astype(cp.float64) - ref).max())
-            ms[tf32] = time_ms(lambda t=tf32: call(qd, kd, vd, kw, t), reps=10)
+            ms[tf32] = loop_ms(lambda t=tf32: call(qd, kd, vd, kw, t))
         t_sdpa = sdpa_ms(qd, kd, vd, kw)
         shape = f"{str((b, sq, sk, hq, hkv, d)):26} {str(kw):32} {err[False]:9.2e}"
         sdpa = f"{t_sdpa:8.3f}" if t_sdpa else f"{'-':>8}"
