@@ -324,7 +324,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 dq_product(dqa, ds_a, k_b, DQ_STEPS, DQ_N, BF16)
                 # added into dQ after the next tile's first barrier, not here: the proxy fence
                 # before that barrier (MEMBAR.ALL.CTA in the SASS) waits for the thread's
-                # outstanding reductions (docs/backward.md, "Deferred dQ reductions")
+                # outstanding reductions (docs/backward.md, status of 2026-11-29)
                 dq_row = q_off + r0 + 16 * (warp & 3)
             wgmma_wait(DH, dv)
             wgmma_wait(DH, dk)
