@@ -39,15 +39,24 @@ def to_tf32(x: np.ndarray) -> np.ndarray:
     return np.where(finite, rounded.view(np.float32), x).astype(np.float32)
 
 
+def truncate_tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values cut to TF32's 10 mantissa bits (toward zero): what a tensor core reads
+    from a float32 register it takes as TF32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return (bits & np.uint32(0xFFFFE000)).view(np.float32)
+
+
 def product(a: np.ndarray, b: np.ndarray, method: str) -> np.ndarray:
-    """a @ b (float32 operands) as ``method`` computes it, float32 accumulation."""
+    """a @ b (float32 operands) as ``method`` computes it, float32 accumulation. 3xTF32 as the
+    kernel splits (primitives/mma_exact.py ``split_tf32_fast``): the high part rounded to
+    nearest, the remainder ``x - hi`` left unrounded, which the tensor core truncates."""
     a, b = a.astype(np.float32), b.astype(np.float32)
     if method == "ieee":
         return a @ b
     a_hi, b_hi = to_tf32(a), to_tf32(b)
     if method == "tf32":
         return a_hi @ b_hi
-    a_lo, b_lo = to_tf32(a - a_hi), to_tf32(b - b_hi)
+    a_lo, b_lo = truncate_tf32(a - a_hi), truncate_tf32(b - b_hi)
     return (a_lo @ b_hi + a_hi @ b_lo) + a_hi @ b_hi
 
 
