@@ -44,7 +44,7 @@ from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
 from .sequences import clear_unowned_rows, packed_sequence
 from .schedule import group_keys, query_tile_of_block
-from .tile_ops import (copy_kv_tile, load_kv_tile, masked_score, row_max, row_sum,
+from .tile_ops import (copy_kv_tile, exponentiate_rows, load_kv_tile, masked_score,
                        store_q_rows)
 
 __all__ = ["make_dmma_kernel", "dmma_supported", "dmma_geometry", "dmma_smem_bytes",
@@ -178,25 +178,13 @@ def softmax_step(s, o, m0, m1, l0, l1, k0, qpos0, t, seqlen_k, scale, cap_in, ca
                 mx0 = max(mx0, x)
             else:
                 mx1 = max(mx1, x)
-    n0, n1 = max(m0, row_max(mx0)), max(m1, row_max(mx1))
-    mu0 = n0 if n0 != NEG_INF else 0.0
-    mu1 = n1 if n1 != NEG_INF else 0.0
-    alpha0, alpha1 = math.exp(m0 - mu0), math.exp(m1 - mu1)
-    rs0 = rs1 = 0.0
-    for n in range(n_tiles):             # P in place of S
-        for e in range(4):
-            p = math.exp(s[4 * n + e] - (mu0 if e < 2 else mu1))
-            s[4 * n + e] = p
-            if e < 2:
-                rs0 += p
-            else:
-                rs1 += p
+    n0, n1, alpha0, alpha1, rs0, rs1 = exponentiate_rows(s, m0, m1, mx0, mx1, n_tiles, 0.0)
     for n in range(d_tiles):
         o[4 * n] *= alpha0
         o[4 * n + 1] *= alpha0
         o[4 * n + 2] *= alpha1
         o[4 * n + 3] *= alpha1
-    return n0, n1, l0 * alpha0 + row_sum(rs0), l1 * alpha1 + row_sum(rs1)
+    return n0, n1, l0 * alpha0 + rs0, l1 * alpha1 + rs1
 
 
 @inlined

@@ -78,7 +78,7 @@ from .forward_dmma import store_rows
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
 from .schedule import group_keys, query_tile_of_block
-from .tile_ops import copy_kv_tile, masked_score, row_max, row_sum
+from .tile_ops import copy_kv_tile, exponentiate_rows, masked_score
 
 __all__ = ["make_tf32x3_kernel", "tf32x3_supported", "tf32x3_geometry", "tf32x3_smem_bytes",
            "TF32_BLOCK_N"]
@@ -269,20 +269,8 @@ def softmax_step(s, m0, m1, l0, l1, k0, qpos0, t, seqlen_k, scale, cap_in, cap_o
                 mx0 = max(mx0, v)
             else:
                 mx1 = max(mx1, v)
-    n0, n1 = max(m0, row_max(mx0)), max(m1, row_max(mx1))
-    mu0 = n0 if n0 != NEG_INF else ZERO
-    mu1 = n1 if n1 != NEG_INF else ZERO
-    alpha0, alpha1 = math.exp(m0 - mu0), math.exp(m1 - mu1)
-    rs0 = rs1 = ZERO
-    for n in range(n_tiles):
-        for e in range(4):
-            p = math.exp(s[4 * n + e] - (mu0 if e < 2 else mu1))
-            s[4 * n + e] = p
-            if e < 2:
-                rs0 += p
-            else:
-                rs1 += p
-    return n0, n1, l0 * alpha0 + row_sum(rs0), l1 * alpha1 + row_sum(rs1), alpha0, alpha1
+    n0, n1, alpha0, alpha1, rs0, rs1 = exponentiate_rows(s, m0, m1, mx0, mx1, n_tiles, ZERO)
+    return n0, n1, l0 * alpha0 + rs0, l1 * alpha1 + rs1, alpha0, alpha1
 
 
 @inlined

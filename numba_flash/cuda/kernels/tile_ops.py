@@ -97,3 +97,27 @@ def row_sum(x):
     """Sum over the 4 lanes of an mma accumulator row."""
     x += shfl_xor(x, 1)
     return x + shfl_xor(x, 2)
+
+
+@inlined
+def exponentiate_rows(s, m0, m1, mx0, mx1, n_tiles, zero):
+    """The exponential step of an online softmax on an mma accumulator tile ``s`` (``n_tiles``
+    8-column n-tiles; a lane's rows g and g + 8): the rows' new maxima from the running
+    ``m0`` / ``m1`` and this lane's tile maxima ``mx0`` / ``mx1``, ``exp(s - max)`` in place of
+    ``s`` (a row that saw no key keeps max -inf and subtracts ``zero``). Returns the new maxima,
+    the factors ``exp(old - new)`` for the running state and the rows' sums over the tile:
+    ``(n0, n1, alpha0, alpha1, sum0, sum1)``."""
+    n0, n1 = max(m0, row_max(mx0)), max(m1, row_max(mx1))
+    mu0 = n0 if n0 != -math.inf else zero
+    mu1 = n1 if n1 != -math.inf else zero
+    alpha0, alpha1 = math.exp(m0 - mu0), math.exp(m1 - mu1)
+    rs0 = rs1 = zero
+    for n in range(n_tiles):
+        for e in range(4):
+            p = math.exp(s[4 * n + e] - (mu0 if e < 2 else mu1))
+            s[4 * n + e] = p
+            if e < 2:
+                rs0 += p
+            else:
+                rs1 += p
+    return n0, n1, alpha0, alpha1, row_sum(rs0), row_sum(rs1)
