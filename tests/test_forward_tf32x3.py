@@ -22,7 +22,7 @@ CASES = [  # b, sq, sk, hq, hkv, d, options
     (1, 34, 34, 1, 1, 32, dict(window_size=(9, 3), sinks=2)),
     # rows that see no key; 2 tiles, the first one whole for the last warp (no masking)
     (1, 50, 40, 1, 1, 32, dict(causal=True, softcap=2.5)),
-    (1, 33, 20, 1, 1, 96, dict(causal=True)),                 # Q in shared memory, 2 warps
+    (1, 33, 20, 1, 1, 96, dict(causal=True)),                 # 8 warps per block
 ] + [pytest.param(*c, marks=pytest.mark.full_matrix) for c in [
     # earlier shapes, on a GPU or with --full-matrix: GQA over 2 tiles; window + sinks over
     # 3 tiles with one between the sinks and the window (skipped)
