@@ -295,14 +295,14 @@ PRECISIONS = ("auto", "ieee", "tensor_cores")
 # Head dims (after the GPU's zero padding to 32 / 64 / 96 / 128) of the exact tensor-core kernels:
 # kernels/forward_dmma.dmma_supported and forward_tf32x3.tf32x3_supported, restated here so that
 # validation imports nothing of numba.cuda (launch/attention.tensor_core_kernel asks them).
-_TENSOR_CORE_MAX_HEAD_DIM = {"float32": 96, "float64": 128}
+_TENSOR_CORE_MAX_HEAD_DIM = {"float32": 128, "float64": 128}
 
 
 def check_precision(precision, dtype, head_dim: int, mask, alibi_slopes, varlen,
                     score_mod) -> str:
     """``precision`` of ``numba_flash.attention``: "auto" (the default kernels), "ieee"
     (float32 / float64 products on CUDA cores) or "tensor_cores" (float64 on DMMA, float32 by
-    3xTF32: head_dim up to 128 / 96, flags only: no mask object, ALiBi or score_mod, and for
+    3xTF32: head_dim up to 128, flags only: no mask object, ALiBi or score_mod, and for
     float32 no packed batch). 16-bit inputs always run on tensor cores ("ieee" is refused for
     them)."""
     if not isinstance(precision, str) or precision not in PRECISIONS:

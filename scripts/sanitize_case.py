@@ -8,7 +8,7 @@ at those head_dims (128 and 256 keep Q in shared memory; 256 uses 16-key tiles):
 and bfloat16 window + sinks, float16 full and causal at Sq=300, Sk=700 (more key tiles than the
 warp-specialised kernel's ring has stages), and the exact kernels: float32 causal, float64
 window + sinks. With --tensor-cores, the kernels of ``precision="tensor_cores"`` instead: DMMA
-(float64, head_dim 32 / 64 / 96 / 128) and 3xTF32 (float32, 32 / 64 / 96), full, causal,
+(float64, head_dim 32 / 64 / 96 / 128) and 3xTF32 (float32, 32 / 64 / 96 / 128), full, causal,
 window (9, 5) + 3 sinks, and causal at Sq=300, Sk=700 (several tiles through both K / V
 stages); packed float64 batches with valid and poisoned cu_seqlens.
 """
@@ -57,7 +57,7 @@ def main():
     args = ap.parse_args()
     rng = cp.random.default_rng(3)
     if args.tensor_cores:
-        for dtype, dims in (("float64", (32, 64, 96, 128)), ("float32", (32, 64, 96))):
+        for dtype, dims in (("float64", (32, 64, 96, 128)), ("float32", (32, 64, 96, 128))):
             for d in dims:
                 for causal, window, sinks in ((False, (-1, -1), 0), (True, (-1, -1), 0),
                                               (False, (9, 5), 3)):

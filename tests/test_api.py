@@ -457,7 +457,7 @@ def test_precision_is_checked():
 
 
 @pytest.mark.parametrize("dtype,d,kw,got", [
-    (np.float32, 128, {}, "head_dim 128"),
+    (np.float32, 160, {}, "head_dim 160"),
     (np.float64, 64, dict(alibi_slopes=np.ones(4, np.float32)), "alibi_slopes"),
     (np.float32, 32, dict(mask=CausalMask() & CausalMask()), "a mask object"),
 ])
@@ -474,7 +474,7 @@ def test_tensor_cores_take_packed_batches_in_float64_only():
     got = numba_flash.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
                                 precision="tensor_cores")
     assert np.array_equal(got, want)            # CPU mode: float64 whatever the setting
-    with pytest.raises(NotImplementedError, match="takes head_dim up to 96 and the flags "
+    with pytest.raises(NotImplementedError, match="takes head_dim up to 128 and the flags "
                                                   r"\(causal, window_size, sinks, softcap\) "
                                                   "only, got cu_seqlens"):
         numba_flash.attention(*(x.astype(np.float32) for x in (q, k, v)), cu_seqlens_q=cu,

@@ -22,10 +22,12 @@ CASES = [  # b, sq, sk, hq, hkv, d, options
     (1, 34, 34, 1, 1, 32, dict(window_size=(9, 3), sinks=2)),
     # rows that see no key; 2 tiles, the first one whole for the last warp (no masking)
     (1, 50, 40, 1, 1, 32, dict(causal=True, softcap=2.5)),
-    (1, 33, 20, 1, 1, 96, dict(causal=True)),                 # 8 warps per block
+    (1, 20, 17, 1, 1, 128, dict(causal=True)),                # 8 warps, two 16-key tiles
 ] + [pytest.param(*c, marks=pytest.mark.full_matrix) for c in [
-    # earlier shapes, on a GPU or with --full-matrix: GQA over 2 tiles; window + sinks over
-    # 3 tiles with one between the sinks and the window (skipped)
+    # on a GPU or with --full-matrix: 8 warps at 96 (the 128 case's path with 32-key tiles);
+    # earlier shapes: GQA over 2 tiles; window + sinks over 3 tiles with one between the sinks
+    # and the window (skipped)
+    (1, 33, 20, 1, 1, 96, dict(causal=True)),
     (1, 17, 40, 2, 1, 32, dict(causal=True)),
     (1, 40, 100, 1, 1, 64, dict(window_size=(9, 3), sinks=2)),
 ]]
@@ -82,7 +84,7 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 sys.path.insert(0, "scripts")
 import kernel_resources as kr
 from numba_flash.cuda.kernels.forward_tf32x3 import make_tf32x3_kernel
-for d in (32, 64, 96):
+for d in (32, 64, 96, 128):
     r = kr.report(make_tf32x3_kernel(d, False, True, False, False, True).py_func,
                   kr.forward_signature(False, False))
     print(d, r["sass"].count("HMMA.1688.F32.TF32"), r["n_ldl"], r["spill_stores"], r["regs"])

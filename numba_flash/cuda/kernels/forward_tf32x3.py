@@ -7,7 +7,8 @@ and score_mod stay on the CUDA-core kernel.
 
 Tiling (``tf32x3_geometry``). A warp owns 16 query rows (one ``m16n8k8`` m-tile), a block 4
 warps (8 beyond head_dim 64, so that one block's 176 KB of shared memory keeps 8 warps per
-multiprocessor); key tiles of ``BN`` = 32 keys (64 spilled: 255 registers). K and V tiles land
+multiprocessor); key tiles of ``BN`` = 32 keys (64 spilled: 255 registers), 16 at head_dim 128
+(``tf32x3_block_n``: 32 spilled there; 178 KB of shared memory). K and V tiles land
 by cp.async in one landing buffer of dynamic shared memory; per tile the block splits the landed
 tile once into hi / lo tiles (one pass of 16-byte loads and stores, a barrier), then starts the
 next tile's copy, which runs during this one's products: two barriers per tile (the tile landed
@@ -81,7 +82,7 @@ from .schedule import group_keys, query_tile_of_block
 from .tile_ops import copy_kv_tile, exponentiate_rows, masked_score
 
 __all__ = ["make_tf32x3_kernel", "tf32x3_supported", "tf32x3_geometry", "tf32x3_smem_bytes",
-           "TF32_BLOCK_N"]
+           "tf32x3_block_n", "TF32_BLOCK_N"]
 
 TF32_BLOCK_N = 32
 TF32_WARPS = 4
@@ -92,10 +93,16 @@ ZERO = np.float32(0.0)
 
 
 def tf32x3_supported(head_dim: int) -> bool:
-    """Head dims of the 3xTF32 kernel: 32, 64, 96 (offline sm_90, 16 flag combinations: 132-180
-    / 173-176 / 172-177 registers, no local memory). At 128 the 32-key build took 255
-    registers and spilled 68 bytes, so 128 stays on the CUDA-core kernel."""
-    return head_dim in (32, 64, 96)
+    """Head dims of the 3xTF32 kernel: 32, 64, 96, 128 (offline sm_90, 16 flag combinations:
+    132-180 / 173-176 / 172-177 registers at 32 / 64 / 96, 170-171 at 128 with 16-key tiles;
+    no local memory)."""
+    return head_dim in (32, 64, 96, 128)
+
+
+def tf32x3_block_n(head_dim: int) -> int:
+    """Keys per tile: 32, or 16 at head_dim 128, where the 32-key build took 255 registers and
+    spilled 92-108 bytes (offline sm_90) and the 16-key build takes 170-171 and none."""
+    return 16 if head_dim > 96 else TF32_BLOCK_N
 
 
 def _warps(head_dim: int) -> int:
@@ -125,10 +132,11 @@ def _smem_words(head_dim: int, block_n: int):
     return offs + [at]
 
 
-def tf32x3_smem_bytes(head_dim: int, block_n: int = TF32_BLOCK_N) -> int:
-    """Dynamic shared memory of the 3xTF32 kernel at ``head_dim``: Q's hi / lo fragments, K
-    hi / lo, the split V tile and the landing K / V tiles."""
-    return 4 * _smem_words(head_dim, block_n)[-1]
+def tf32x3_smem_bytes(head_dim: int, block_n: int | None = None) -> int:
+    """Dynamic shared memory of the 3xTF32 kernel at ``head_dim`` (``block_n`` keys per tile,
+    default ``tf32x3_block_n``): Q's hi / lo fragments, K hi / lo, the split V tile and the
+    landing K / V tiles (head_dim 128: 178 KB)."""
+    return 4 * _smem_words(head_dim, block_n or tf32x3_block_n(head_dim))[-1]
 
 
 @inlined
@@ -314,15 +322,15 @@ def add_pv(o, s, ph, pl, vsp, va, alpha0, alpha1, v_row, k_steps, d_tiles):
 
 
 def make_tf32x3_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: bool,
-                       has_softcap: bool, write_lse: bool, block_n: int = TF32_BLOCK_N):
+                       has_softcap: bool, write_lse: bool, block_n: int | None = None):
     """Build the 3xTF32 forward kernel for one configuration (module docstring): q, k, v, out
     float32 (B, S, H, D) any strides (K / V rows 16-byte aligned); lse float32 (B, Hq, Sq) when
-    ``write_lse``. ``block_n``: keys per tile; launched with ``tf32x3_geometry`` and
-    ``tf32x3_smem_bytes``."""
+    ``write_lse``. ``block_n``: keys per tile (default ``tf32x3_block_n``); launched with
+    ``tf32x3_geometry`` and ``tf32x3_smem_bytes``."""
     D = int(head_dim)
     if not tf32x3_supported(D):
-        raise ValueError(f"head_dim must be 32, 64 or 96 for the 3xTF32 kernel, got {D}")
-    BN = int(block_n)
+        raise ValueError(f"head_dim must be 32, 64, 96 or 128 for the 3xTF32 kernel, got {D}")
+    BN = int(block_n or tf32x3_block_n(D))
     BM, NT = tf32x3_geometry(D)
     if BN % 16 or (BN * D // 4) % NT:
         raise ValueError(f"block_n {BN} is not one the kernel takes (a multiple of 16 whose "
