@@ -36,10 +36,9 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async, lds16,
-                          red_add4, shared_addr, shared_view, sts32, sw128_desc, syncwarp,
-                          wgmma_commit, wgmma_fence, wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn,
-                          wgmma_wait)
+from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async,
+                          shared_addr, shared_view, sts32, sw128_desc, wgmma_commit, wgmma_fence,
+                          wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait)
 from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
                        prefetch_stats, probs_grads, query_rows, stage_key_block, stage_words,
                        store_dkdv, store_fragments, tile_kind, zero)
@@ -70,31 +69,16 @@ def wgmma_block_n(head_dim: int) -> int:
     return 128 // wgmma_split(head_dim)
 
 
-def staged_dq(head_dim: int) -> bool:
-    """Whether dQ goes through a staged shared float32 tile (``stage_dq`` /
-    ``reduce_staged_dq``): head_dim 64 and 128. At 256 (the column split) it would not fit
-    beside the other tiles, and the fragments go to ``red.global.add.v2`` directly."""
-    return wgmma_split(head_dim) == 1
-
-
-def dq_stage_words(head_dim: int) -> int:
-    """32-bit words per row of a warpgroup's staged dQ tile: its head_dim / 2 columns and 8 of
-    padding (a fragment's 8 rows start 8 banks apart)."""
-    return head_dim // 2 + 8
-
-
 def _tile_bytes(head_dim: int) -> tuple:
-    """Byte offsets, from the aligned base, of K, V, the two Q and two dO buffers, the dS^T
-    tile and the staged dQ tiles (``staged_dq``: one per warpgroup), and the total."""
+    """Byte offsets, from the aligned base, of K, V, the two Q and two dO buffers and the dS^T
+    tile, and the total."""
     bn = wgmma_block_n(head_dim)
     kv = bn * head_dim * 2
     qd = 2 * WG_BWD_BLOCK_M * head_dim * 2
     k_off, v_off = 0, kv
     q_off, do_off = 2 * kv, 2 * kv + qd
     ds_off = 2 * kv + 2 * qd
-    dqs_off = ds_off + bn * WG_BWD_BLOCK_M * 2
-    dqs = 2 * WG_BWD_BLOCK_M * dq_stage_words(head_dim) * 4 if staged_dq(head_dim) else 0
-    return k_off, v_off, q_off, do_off, ds_off, dqs_off, dqs_off + dqs
+    return k_off, v_off, q_off, do_off, ds_off, ds_off + bn * WG_BWD_BLOCK_M * 2
 
 
 def _head_words(head_dim: int) -> int:
@@ -105,7 +89,7 @@ def _head_words(head_dim: int) -> int:
 
 def wgmma_dkdv_smem_bytes(head_dim: int) -> int:
     """Dynamic shared memory of the kernel: the stats and staged mask (``_head_words``), 1024
-    bytes of alignment slack, the tiles (head_dim 64: 98 KB; 128: 182 KB; 256: 202 KB)."""
+    bytes of alignment slack, the tiles (head_dim 64: 82 KB; 128: 146 KB; 256: 202 KB)."""
     return 4 * _head_words(head_dim) + 1024 + _tile_bytes(head_dim)[-1]
 
 
@@ -203,41 +187,6 @@ def dq_product(dqa, ds_a, k_b, steps, n, bf16):
     wgmma_wait(n, dqa)
 
 
-@inlined
-def stage_dq(dqs, dqa, scale, r0, n_tiles, lane):
-    """The warp's dQ fragment (``dqa``: its rows x ``8 n_tiles`` columns) times ``scale`` into
-    rows ``r0`` .. ``r0 + 15`` of its warpgroup's staged float32 tile ``dqs``."""
-    g = lane >> 2
-    t = lane & 3
-    for e in range(0, 4, 2):
-        row = r0 + g + 4 * e
-        for j in range(n_tiles):
-            dqs[row, 8 * j + 2 * t] = dqa[4 * j + e] * scale
-            dqs[row, 8 * j + 2 * t + 1] = dqa[4 * j + e + 1] * scale
-
-
-@inlined
-def reduce_staged_dq(dq_acc, ab, h, dqs, vals, tile_row, r0, limit, col0, n_cols, lane):
-    """Rows ``r0`` .. ``r0 + 15`` of the staged tile (``stage_dq``) added into
-    ``dq_acc[ab, tile_row + r, h, col0 ..]`` (C-contiguous) by 16-byte reductions: ``n_cols /
-    4`` lanes per row, so each instruction of the warp covers whole rows (2 or 4: full 128-byte
-    lines) where the fragments' own reductions cover 8 rows x 32 bytes. Every load into
-    ``vals`` (``n_cols / 2`` float32: the fragment's registers, free by now) comes first: a
-    load into a register that a queued reduction has yet to read would wait for it."""
-    per_row = n_cols // 4
-    rows_per = 32 // per_row
-    c = (lane % per_row) * 4
-    for i in range(16 // rows_per):
-        vals[4 * i], vals[4 * i + 1], vals[4 * i + 2], vals[4 * i + 3] = lds16(
-            dqs, r0 + i * rows_per + lane // per_row, c, 0)
-    for i in range(16 // rows_per):
-        row = tile_row + r0 + i * rows_per + lane // per_row
-        if row < limit:
-            base = ((ab * dq_acc.shape[1] + row) * dq_acc.shape[2] + h) * dq_acc.shape[3]
-            red_add4(dq_acc, base + col0 + c, vals[4 * i], vals[4 * i + 1], vals[4 * i + 2],
-                     vals[4 * i + 3])
-
-
 def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: bool,
                            has_sinks: bool, has_softcap: bool, atomic_dq: bool,
                            mask_kind: int = NONE, mask_mod=None, has_alibi: bool = False,
@@ -253,7 +202,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     DH = D // SPLIT                                # dK / dV columns of a warpgroup
     KS, NSEG = D // 16, D // 64
     BLK_K, BLK_Q = BN * 128, BM * 128              # bytes per 64-column block of a tile
-    K_OFF, V_OFF, Q_OFF, DO_OFF, DS_OFF, DQS_OFF, _ = _tile_bytes(D)
+    K_OFF, V_OFF, Q_OFF, DO_OFF, DS_OFF, _ = _tile_bytes(D)
     HEAD_WORDS = _head_words(D)
     BUF = BM * D * 2                               # bytes of one Q (dO) buffer
     RPP = NT // 8                                  # rows per copy pass (8 threads per segment)
@@ -265,8 +214,6 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
     DQ_N = D // 2
     ACC_N, DQA_N = DH // 2, DQ_N // 2
     BF16, KIND, ATOMIC = bool(is_bf16), int(mask_kind), bool(atomic_dq)
-    STAGED = ATOMIC and staged_dq(D)
-    DQS_WORDS = dq_stage_words(D)
     ALIBI, VARLEN, DIRECT = bool(has_alibi), bool(varlen), bool(direct)
     assert not (DIRECT and VARLEN)
     mod = mask_mod_device(mask_mod)
@@ -338,9 +285,6 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         cp_async_commit()
         cur = 0
         dq_row = -1                 # first row of the dQ tile awaiting its reductions
-        row_w = 16 * (warp & 3)     # the warp's rows in it
-        dqs = shared_view(dynf, (sbase + DQS_OFF - shared_addr(dynf)) >> 2,
-                          2 * BM if STAGED else 1, DQS_WORDS)[wg * BM:]   # its warpgroup's
         while t < end:
             nxt = next_query_tile(t + 1, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN,
                                   seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
@@ -355,12 +299,8 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                                     cp_row, cp_part, tid, Q_PASSES, NSEG, BLK_Q)
             cp_async_commit()
             if ATOMIC and dq_row >= 0:      # the previous tile's dQ (see below)
-                if STAGED:
-                    reduce_staged_dq(dq_acc, ab, h, dqs, dqa, dq_row, row_w, q_off + seqlen_q,
-                                     dq_col0, DQ_N, lane)
-                else:
-                    store_fragments(dq_acc, ab, dq_row + row_w, h, dqa, scale,
-                                    q_off + seqlen_q, dq_col0, DQ_N // 8, lane, True)
+                store_fragments(dq_acc, ab, dq_row, h, dqa, scale, q_off + seqlen_q, dq_col0,
+                                DQ_N // 8, lane, True)
             r0 = t * BM
             _, full = tile_kind(KIND, mm, mk_tab, tb, t, mtile, r0, BM, k0, BN, seqlen_q,
                                 seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
@@ -385,9 +325,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 # added into dQ after the next tile's first barrier, not here: the proxy fence
                 # before that barrier (MEMBAR.ALL.CTA in the SASS) waits for the thread's
                 # outstanding reductions (docs/backward.md, status of 2026-11-29)
-                if STAGED:
-                    stage_dq(dqs, dqa, scale, row_w, DQ_N // 8, lane)
-                dq_row = q_off + r0
+                dq_row = q_off + r0 + 16 * (warp & 3)
             wgmma_wait(DH, dv)
             wgmma_wait(DH, dk)
             if SPLIT != 2:
@@ -397,13 +335,8 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
             t = nxt
         cp_async_wait_all()         # nothing may be in flight when the block exits
         if ATOMIC and dq_row >= 0:
-            if STAGED:
-                syncwarp()          # the warp's staged rows, stored by other lanes
-                reduce_staged_dq(dq_acc, ab, h, dqs, dqa, dq_row, row_w, q_off + seqlen_q,
-                                 dq_col0, DQ_N, lane)
-            else:
-                store_fragments(dq_acc, ab, dq_row + row_w, h, dqa, scale, q_off + seqlen_q,
-                                dq_col0, DQ_N // 8, lane, True)
+            store_fragments(dq_acc, ab, dq_row, h, dqa, scale, q_off + seqlen_q, dq_col0,
+                            DQ_N // 8, lane, True)
         store_dkdv(dk_acc, dv_acc, ab, k0 + own0, h, dk, dv, scale, k_off, seqlen_k, col0,
                    DH // 8, lane, BF16, DIRECT)
 

@@ -16,7 +16,7 @@ stand-in for Numba's CUDA simulator so that kernel source is the same on both.
 * ``smem``: vectorised shared-memory loads, 2-D views of dynamic shared memory.
 * ``vector``: 16-byte read-only global loads, 16-bit -> float32 unpacking.
 * ``grid``: programmatic dependent launch (griddepcontrol).
-* ``atomics``: vector reductions into global memory (``red.global.add.v2.f32`` / ``.v4``).
+* ``atomics``: vector reductions into global memory (``red.global.add.v2.f32``).
 * ``mbarrier``: Hopper shared-memory barriers with phases (warp-specialised kernels).
 
 Kernels import the names from here: ``from ..primitives import mma16, ldmatrix_x4, ...``.
@@ -38,6 +38,6 @@ from .grid import grid_dependency_wait, grid_launch_dependents
 from .vector import ld_v4, unpack16, unpack_bf16, unpack_f16
 from .mma_exact import (mma_f64, mma_f64_k16, mma_f64_k16_884, mma_tf32, split_tf32,
                         split_tf32_fast)
-from .atomics import red_add2, red_add4
+from .atomics import red_add2
 from .mbarrier import (fence_mbar_init, mbar_arrive, mbar_init, mbar_try_wait, named_arrive,
                        named_sync, regs_dec_72, regs_inc_216)

@@ -6,14 +6,12 @@
   ``red.relaxed.gpu.global.add.v2.f32`` (sm_90): half the atomic instructions of two scalar
   adds, and no per-element index arithmetic. Relaxed at GPU scope, like ``cuda.atomic.add``; the values
   are read only after the kernel ends.
-* ``red_add4(ary, offset, a, b, c, d)``: the same for four adjacent float32 (``offset`` a
-  multiple of 4, the address 16-byte aligned), one ``red.relaxed.gpu.global.add.v4.f32``.
 """
 from __future__ import annotations
 
 from .base import SIMULATOR
 
-__all__ = ["red_add2", "red_add4"]
+__all__ = ["red_add2"]
 
 if SIMULATOR:
     from numba import cuda
@@ -25,16 +23,6 @@ if SIMULATOR:
         flat = ary.reshape(-1)
         cuda.atomic.add(flat, offset, a)
         cuda.atomic.add(flat, offset + 1, b)
-
-    @cuda.jit(device=True)
-    def red_add4(ary, offset, a, b, c, d):
-        """Elements ``offset`` .. ``offset + 3`` of ``ary`` (flat, C order) ``+= (a, b, c, d)``
-        atomically (four adds in the simulator)."""
-        flat = ary.reshape(-1)
-        cuda.atomic.add(flat, offset, a)
-        cuda.atomic.add(flat, offset + 1, b)
-        cuda.atomic.add(flat, offset + 2, c)
-        cuda.atomic.add(flat, offset + 3, d)
 else:
     from llvmlite import ir
     from numba.cuda import types
@@ -55,25 +43,6 @@ else:
             fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.FloatType(), ir.FloatType()])
             asm = ir.InlineAsm(fnty, "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};",
                                "l,f,f,~{memory}", side_effect=True)
-            builder.call(asm, [addr] + vals)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @intrinsic
-    def red_add4(typingctx, ary, offset, a, b, c, d):
-        """One ``red.relaxed.gpu.global.add.v4.f32`` of (a, b, c, d) at element ``offset``."""
-        sig = types.void(ary, offset, types.float32, types.float32, types.float32,
-                         types.float32)
-
-        def codegen(context, builder, sig, args):
-            addr = offset_pointer_i64(context, builder, sig.args[0], args[0], sig.args[1],
-                                      args[1])
-            vals = [context.cast(builder, v, t, types.float32)
-                    for v, t in zip(args[2:], sig.args[2:])]
-            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [ir.FloatType()] * 4)
-            asm = ir.InlineAsm(fnty, "red.relaxed.gpu.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
-                               "l,f,f,f,f,~{memory}", side_effect=True)
             builder.call(asm, [addr] + vals)
             return context.get_dummy_value()
 
