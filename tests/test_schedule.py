@@ -1,9 +1,12 @@
-"""The forward grid's block order (kernels/schedule.py): every (query tile, row) exactly once,
-longest tiles first across the rows of an L2-sized group, groups in row order."""
+"""The grids' block orders: the forward's (kernels/schedule.py), every (query tile, row) exactly
+once, longest tiles first across the rows of an L2-sized group, groups in row order; the
+backward's column-parallel blocks (kernels/backward.py ``key_block_order``), every (key tile,
+row) once, key tile by key tile within a group of rows."""
 from __future__ import annotations
 
 import pytest
 
+from numba_flash.cuda.kernels.backward import key_block_order
 from numba_flash.cuda.kernels.schedule import L2_GROUP_BYTES, tile_order
 
 
@@ -42,3 +45,22 @@ def test_one_row_per_group_is_the_old_order():
     """K / V of a row beyond the budget: each row's tiles longest first, rows in order."""
     order = _order(4, 3, 10 ** 6, 1, 512)
     assert [(q, row) for q, _, row in order] == [(q, r) for r in range(3) for q in (3, 2, 1, 0)]
+
+
+@pytest.mark.parametrize("n_keys, n_rows, group", [
+    (64, 32, 8),        # bf16 (2, 16, 8192, 128): four groups of 8 heads
+    (5, 13, 4),         # a short last group
+    (3, 7, 1),          # groups of one row: each row's key tiles in order
+    (1, 9, 8),          # one key tile
+    (4, 3, 8),          # fewer rows than a group
+])
+def test_backward_blocks_key_tile_by_key_tile_within_groups(n_keys, n_rows, group):
+    order = [tuple(int(v) for v in key_block_order(i, n_keys, n_rows, group))
+             for i in range(n_keys * n_rows)]
+    assert sorted((row, kt) for kt, row in order) == \
+        [(r, kt) for r in range(n_rows) for kt in range(n_keys)]
+    for start in range(0, len(order), group * n_keys):
+        chunk = order[start:start + group * n_keys]
+        first = start // n_keys
+        rows = list(range(first, min(first + group, n_rows)))
+        assert chunk == [(kt, r) for kt in range(n_keys) for r in rows]

@@ -192,24 +192,58 @@ def block_sequence(varlen, cu_q, cu_k, b, total_q, total_k, seqlen_q, seqlen_k):
     return b, 0, 0, seqlen_q, seqlen_k
 
 
+# The column-parallel blocks go out in groups of (batch, head) pairs (``key_block``): at most
+# MAX_GROUP_HEADS, and no more than whose Q and dO fit in L2_GROUP_BYTES of the 50 MB L2
+L2_GROUP_BYTES = 32 * 1024 * 1024
+MAX_GROUP_HEADS = 8
+
+
+@inlined
+def key_block_order(block, n_keys, n_rows, group_rows):
+    """``(ktile, row)`` of the column-parallel block of linear index ``block`` (``blockIdx.y *
+    n_keys + blockIdx.x``) in a grid of ``n_keys`` key tiles x ``n_rows`` (batch, head) rows:
+    the rows go out ``group_rows`` at a time, key tile by key tile within a group. In 32-bit
+    unsigned arithmetic (int64 divisions are long instruction sequences); plain integer
+    arithmetic otherwise (tests call it on the host)."""
+    u32 = np.uint32
+    n_keys = u32(n_keys)
+    first = u32(u32(u32(block) // u32(u32(group_rows) * n_keys)) * u32(group_rows))
+    width = u32(min(u32(group_rows), u32(u32(n_rows) - first)))
+    rank = u32(u32(block) - u32(first * n_keys))
+    ktile = u32(rank // width)
+    return ktile, u32(first + u32(rank - u32(ktile * width)))
+
+
 @inlined
 def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
     """``(ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k)`` of a column-parallel block
     (grid: key tiles x B * Hq): its key tile, batch entry, query head and that head's kv head,
-    then ``block_sequence``'s batch index, row offsets and lengths."""
-    b = cuda.blockIdx.y // q.shape[2]
-    h = cuda.blockIdx.y % q.shape[2]
+    then ``block_sequence``'s batch index, row offsets and lengths.
+
+    The blocks go out a group of (batch, head) rows at a time, key tile by key tile within the
+    group (``key_block_order``): the first key tiles of all the group's heads, the longest
+    walks under causal-like masks, start before the short ones, so the grid does not end on a
+    few long blocks (list scheduling, longest first), while the heads that run at once stay
+    few enough for their Q and dO to stay in L2 (the forward's ``schedule.tile_order`` does the
+    same for its query tiles)."""
+    u32 = np.uint32
+    fit = u32(u32(L2_GROUP_BYTES) // u32(4 * q.shape[3])) // u32(max(seqlen_q, 1))
+    group = min(u32(MAX_GROUP_HEADS), max(u32(1), u32(fit)))
+    block = u32(cuda.blockIdx.y) * u32(cuda.gridDim.x) + u32(cuda.blockIdx.x)
+    ktile, row = key_block_order(block, cuda.gridDim.x, cuda.gridDim.y, group)
+    b = np.int64(u32(row // u32(q.shape[2])))
+    h = np.int64(row) - b * q.shape[2]
     ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(varlen, cu_q, cu_k, b, q.shape[1],
                                                           k.shape[1], seqlen_q, seqlen_k)
-    return cuda.blockIdx.x, b, h, h // heads_ratio, ab, q_off, k_off, seqlen_q, seqlen_k
+    return np.int64(ktile), b, h, h // heads_ratio, ab, q_off, k_off, seqlen_q, seqlen_k
 
 
 @inlined
-def block_table_and_slope(has_alibi, alibi, mk_tab, b, h, dtype):
-    """``(tb, slope)`` of the block (b, h): its slab of the mask's class table (0 for a table
-    shared by every batch entry and head) and its ALiBi slope as ``dtype`` (0 without
-    ``has_alibi``; alibi (1 or B, Hq))."""
-    tb = min(cuda.blockIdx.y, mk_tab.shape[0] - 1)
+def block_table_and_slope(has_alibi, alibi, mk_tab, b, h, heads, dtype):
+    """``(tb, slope)`` of the block (b, h) of ``heads`` query heads: its slab of the mask's
+    class table (0 for a table shared by every batch entry and head) and its ALiBi slope as
+    ``dtype`` (0 without ``has_alibi``; alibi (1 or B, Hq))."""
+    tb = min(b * heads + h, mk_tab.shape[0] - 1)
     slope = dtype(0.0)
     if has_alibi:
         slope = dtype(alibi[min(b, alibi.shape[0] - 1), h])
@@ -519,7 +553,7 @@ def make_fma_dkdv_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right:
             return
         key = k0 + tid // TP
         offset = seqlen_k - seqlen_q
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, npdt)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], npdt)
         qs = cuda.shared.array((BM, D), dt)
         dos = cuda.shared.array((BM, D), dt)
         ls = cuda.shared.array(BM, dt)
@@ -615,7 +649,7 @@ def make_fma_dq_kernel(head_dim: int, is_f64: bool, has_left: bool, has_right: b
         row = r0 + tid // TP
         ok = row < seqlen_q
         offset = seqlen_k - seqlen_q
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, npdt)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], npdt)
         ks = cuda.shared.array((BN, D), dt)
         vs = cuda.shared.array((BN, D), dt)
         qr = cuda.local.array(E, dt)
@@ -1165,7 +1199,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         k0 = ktile * BN
         if VARLEN and k0 >= seqlen_k:
             return
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, np.float32)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], np.float32)
         slope_log2 = slope * np.float32(LOG2E)
         where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         dyn = cuda.shared.array(0, u32)
@@ -1297,7 +1331,7 @@ def make_mma_dq_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right: 
             return
         r1 = min(r0 + BM, seqlen_q)
         offset = seqlen_k - seqlen_q
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, np.float32)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], np.float32)
         slope_log2 = slope * np.float32(LOG2E)
         where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         qs = cuda.shared.array((BM, DWP), u32)

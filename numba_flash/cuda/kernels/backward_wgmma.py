@@ -234,7 +234,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         k0 = ktile * BN
         if VARLEN and k0 >= seqlen_k:
             return
-        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, np.float32)
+        tb, slope = block_table_and_slope(ALIBI, alibi, mk_tab, b, h, q.shape[2], np.float32)
         slope_log2 = slope * np.float32(LOG2E)
         where = (seqlen_q, seqlen_k, wl, wr, sinks, b, h)
         dynf = cuda.shared.array(0, f32)
