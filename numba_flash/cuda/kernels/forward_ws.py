@@ -177,7 +177,9 @@ def make_ws_kernel(head_dim: int, is_bf16: bool, causal: bool, write_lse: bool,
     MB_OFF = BM * RB + STAGES * STAGE           # full[s] at MB_OFF + 8 s, empty[s] after them
     BND_OFF = MB_OFF + 16 * STAGES              # stage s's packed key bounds: BN words
     has_left, has_right = False, bool(causal)
-    GROUP_KEYS = group_keys(4 * D, has_right, False)
+    # grouped rows (schedule.py) under the causal flag and interval masks, whose query tiles
+    # differ in work (causal-like masks: the last tiles see the most keys)
+    GROUP_KEYS = group_keys(4 * D, has_right or KIND == INTERVALS, False)
     NEG_INF = np.float32(-np.inf)
     REALLOC = ws_moves_registers(D)
     # With 3+ stages the producer keeps two tiles in flight: it announces tile i - 1 only
