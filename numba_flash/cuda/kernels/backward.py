@@ -198,7 +198,6 @@ L2_GROUP_BYTES = 32 * 1024 * 1024
 MAX_GROUP_HEADS = 8
 
 
-@inlined
 def key_block_order(block, n_keys, n_rows, group_rows):
     """``(ktile, row)`` of the column-parallel block of linear index ``block`` (``blockIdx.y *
     n_keys + blockIdx.x``) in a grid of ``n_keys`` key tiles x ``n_rows`` (batch, head) rows:
@@ -212,6 +211,9 @@ def key_block_order(block, n_keys, n_rows, group_rows):
     rank = u32(u32(block) - u32(first * n_keys))
     ktile = u32(rank // width)
     return ktile, u32(first + u32(rank - u32(ktile * width)))
+
+
+_key_block_order = inlined(key_block_order)
 
 
 @inlined
@@ -230,7 +232,7 @@ def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
     fit = u32(u32(L2_GROUP_BYTES) // u32(4 * q.shape[3])) // u32(max(seqlen_q, 1))
     group = min(u32(MAX_GROUP_HEADS), max(u32(1), u32(fit)))
     block = u32(cuda.blockIdx.y) * u32(cuda.gridDim.x) + u32(cuda.blockIdx.x)
-    ktile, row = key_block_order(block, cuda.gridDim.x, cuda.gridDim.y, group)
+    ktile, row = _key_block_order(block, cuda.gridDim.x, cuda.gridDim.y, group)
     b = np.int64(u32(row // u32(q.shape[2])))
     h = np.int64(row) - b * q.shape[2]
     ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(varlen, cu_q, cu_k, b, q.shape[1],
