@@ -179,18 +179,19 @@ def split_tile(kh, kl, vsp, lk, lv, tid, threads, block_n, head_dim):
         x0, x1, x2, x3 = lds16(lv, 2 * r, col, 0)
         y0, y1, y2, y3 = lds16(lv, 2 * r + 1, col, 0)
         w = 4 * col
-        h0, e0 = split_tf32_fast(x0)
-        h1, e1 = split_tf32_fast(y0)
-        vsp[r, w], vsp[r, w + 1], vsp[r, w + 2], vsp[r, w + 3] = h0, h1, e0, e1
-        h0, e0 = split_tf32_fast(x1)
-        h1, e1 = split_tf32_fast(y1)
-        vsp[r, w + 4], vsp[r, w + 5], vsp[r, w + 6], vsp[r, w + 7] = h0, h1, e0, e1
-        h0, e0 = split_tf32_fast(x2)
-        h1, e1 = split_tf32_fast(y2)
-        vsp[r, w + 8], vsp[r, w + 9], vsp[r, w + 10], vsp[r, w + 11] = h0, h1, e0, e1
-        h0, e0 = split_tf32_fast(x3)
-        h1, e1 = split_tf32_fast(y3)
-        vsp[r, w + 12], vsp[r, w + 13], vsp[r, w + 14], vsp[r, w + 15] = h0, h1, e0, e1
+        store_pair_split(vsp, r, w, x0, y0)
+        store_pair_split(vsp, r, w + 4, x1, y1)
+        store_pair_split(vsp, r, w + 8, x2, y2)
+        store_pair_split(vsp, r, w + 12, x3, y3)
+
+
+@inlined
+def store_pair_split(vsp, r, w, x, y):
+    """One head-dim column of two keys (``x``, ``y``) into the pair-of-keys V tile: words
+    ``w .. w + 3`` of row ``r`` = x hi, y hi, x lo, y lo."""
+    xh, xl = split_tf32_fast(x)
+    yh, yl = split_tf32_fast(y)
+    vsp[r, w], vsp[r, w + 1], vsp[r, w + 2], vsp[r, w + 3] = xh, yh, xl, yl
 
 
 @inlined
