@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from numba_flash.cuda.kernels.backward import key_block_order
+from numba_flash.cuda.launch.backward import dkdv_grid
 from numba_flash.cuda.kernels.schedule import L2_GROUP_BYTES, tile_order
 
 
@@ -64,3 +65,10 @@ def test_backward_blocks_key_tile_by_key_tile_within_groups(n_keys, n_rows, grou
         first = start // n_keys
         rows = list(range(first, min(first + group, n_rows)))
         assert chunk == [(kt, r) for kt in range(n_keys) for r in rows]
+
+
+def test_backward_grid_of_2_32_blocks_is_refused():
+    """The order numbers blocks in 32 bits: 2^32 - 1 blocks pass, 2^32 or more raise."""
+    assert dkdv_grid(65537, 65535) == (65537, 65535)            # 2^32 - 1 blocks
+    with pytest.raises(ValueError, match="65538 key tiles x 65535 .* fewer than 2\\^32"):
+        dkdv_grid(65538, 65535)

@@ -192,9 +192,10 @@ def block_sequence(varlen, cu_q, cu_k, b, total_q, total_k, seqlen_q, seqlen_k):
     return b, 0, 0, seqlen_q, seqlen_k
 
 
-# The column-parallel blocks go out in groups of (batch, head) pairs (``key_block``): at most
-# MAX_GROUP_HEADS, and no more than whose Q and dO fit in L2_GROUP_BYTES of the 50 MB L2
-L2_GROUP_BYTES = 32 * 1024 * 1024
+# The 16-bit dK / dV kernels' blocks go out in groups of (batch, head) rows (``key_block``): at
+# most MAX_GROUP_HEADS, and no more than whose Q and dO (2 bytes each per element) fit in
+# GROUP_QDO_BYTES of the 50 MB L2 (not schedule.L2_GROUP_BYTES, the forward's K / V budget)
+GROUP_QDO_BYTES = 32 * 1024 * 1024
 MAX_GROUP_HEADS = 8
 
 
@@ -202,8 +203,9 @@ def key_block_order(block, n_keys, n_rows, group_rows):
     """``(ktile, row)`` of the column-parallel block of linear index ``block`` (``blockIdx.y *
     n_keys + blockIdx.x``) in a grid of ``n_keys`` key tiles x ``n_rows`` (batch, head) rows:
     the rows go out ``group_rows`` at a time, key tile by key tile within a group. In 32-bit
-    unsigned arithmetic (int64 divisions are long instruction sequences); plain integer
-    arithmetic otherwise (tests call it on the host)."""
+    unsigned arithmetic (int64 divisions are long instruction sequences), on the host too
+    (tests call it there): the values are np.uint32, and the grid has fewer than 2^32 blocks
+    (launch/backward.py ``dkdv_grid``)."""
     u32 = np.uint32
     n_keys = u32(n_keys)
     first = u32(u32(u32(block) // u32(u32(group_rows) * n_keys)) * u32(group_rows))
@@ -218,9 +220,10 @@ _key_block_order = inlined(key_block_order)
 
 @inlined
 def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
-    """``(ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k)`` of a column-parallel block
-    (grid: key tiles x B * Hq): its key tile, batch entry, query head and that head's kv head,
-    then ``block_sequence``'s batch index, row offsets and lengths.
+    """``(ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k)`` of a column-parallel block of
+    the 16-bit dK / dV kernels (grid: key tiles x B * Hq; q float16 / bfloat16): its key tile,
+    batch entry, query head and that head's kv head, then ``block_sequence``'s batch index,
+    row offsets and lengths.
 
     The blocks go out a group of (batch, head) rows at a time, key tile by key tile within the
     group (``key_block_order``): the first key tiles of all the group's heads, the longest
@@ -229,7 +232,7 @@ def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
     few enough for their Q and dO to stay in L2 (the forward's ``schedule.tile_order`` does the
     same for its query tiles)."""
     u32 = np.uint32
-    fit = u32(u32(L2_GROUP_BYTES) // u32(4 * q.shape[3])) // u32(max(seqlen_q, 1))
+    fit = u32(u32(GROUP_QDO_BYTES) // u32(4 * q.shape[3])) // u32(max(seqlen_q, 1))
     group = min(u32(MAX_GROUP_HEADS), max(u32(1), u32(fit)))
     block = u32(cuda.blockIdx.y) * u32(cuda.gridDim.x) + u32(cuda.blockIdx.x)
     ktile, row = _key_block_order(block, cuda.gridDim.x, cuda.gridDim.y, group)

@@ -10,9 +10,12 @@ groups whose K and V fit in part of the L2 cache (``L2_GROUP_BYTES``); inside a 
 blocks go tile by tile, longest first, across all of the group's rows (longest-processing-time
 order), so the heavy tiles of a group start together and the light ones fill the end, while the
 group's K / V, read by each of its tiles, stay in L2. A row's K / V larger than the budget makes
-a group of one row: each row's tiles longest first, as before. Only rows with a right bound
-(causal) are grouped, and not in packed batches or the head_dim 64 wgmma kernel (``group_keys``,
-forward_mma.py; the A/B behind these choices: docs/benchmarks.md, "Forward").
+a group of one row: each row's tiles longest first, as before. Only rows whose tiles differ in
+work are grouped: under a right bound (causal), and under interval masks on the warp-specialised
+kernel (forward_ws.py); not in packed batches or the head_dim 64 wgmma kernel (``group_keys``,
+forward_mma.py; the A/B behind these choices: docs/benchmarks.md, "Forward", and "Backward"
+for the interval masks). The backward's dK / dV blocks have their own order
+(backward.py ``key_block_order``).
 """
 from __future__ import annotations
 
@@ -31,11 +34,13 @@ def group_keys(kv_row_bytes: int, has_right: bool, varlen: bool = False,
                enabled: bool = True) -> int:
     """The ``budget_keys`` of a forward kernel (a compile-time constant): how many keys' K and V
     rows (``kv_row_bytes`` each) fill ``L2_GROUP_BYTES``; 0 (rows in order, each row's tiles
-    longest first) without a right bound, where the tiles of a row cost the same and grouping
-    only spreads the blocks that run together over more rows' K / V (full attention lost 2-5 %
-    at head_dim 128 / 256 and the bitmask case 6 %), and for packed batches (their rows are
-    sequences of unequal lengths, and their mma.sync kernels spilled in the key loop with the
-    grouped order's extra registers); 0 too where the kernel says not ``enabled``."""
+    longest first) without a right bound (``has_right``: the rows give their tiles unequal
+    work, by a causal flag or, for the warp-specialised kernel, an interval mask), where the
+    tiles of a row cost the same and grouping only spreads the blocks that run together over
+    more rows' K / V (full attention lost 2-5 % at head_dim 128 / 256 and the bitmask case
+    6 %), and for packed batches (their rows are sequences of unequal lengths, and their
+    mma.sync kernels spilled in the key loop with the grouped order's extra registers); 0 too
+    where the kernel says not ``enabled``."""
     return 0 if varlen or not has_right or not enabled else L2_GROUP_BYTES // kv_row_bytes
 
 

@@ -36,7 +36,7 @@ from .driver import (LaunchPlan, ScalarParam, compile_kernel, current_device, me
 from .maskplan import dummy_arrays, plan_mask
 from .streams import numba_stream, raw_stream_handle
 
-__all__ = ["backward_cuda", "backward_kernels", "backward_geometry"]
+__all__ = ["backward_cuda", "backward_kernels", "backward_geometry", "dkdv_grid"]
 
 _HALF = {"float16": False, "bfloat16": True}
 _FULL = {"float32": False, "float64": True}
@@ -330,6 +330,17 @@ def _scalars(call, scale, cap):
     return (f(scale), f(scale / cap), f(cap))
 
 
+def dkdv_grid(n_keys: int, rows: int) -> tuple[int, int]:
+    """The 16-bit dK / dV kernels' grid: ``n_keys`` key tiles x ``rows`` (batch, query head)
+    rows. Their block order (kernels/backward.py ``key_block_order``) numbers the blocks in 32
+    bits, so a grid of 2^32 blocks or more is refused rather than computed wrong."""
+    if n_keys * rows >= 1 << 32:
+        raise ValueError(f"attention_backward: {n_keys} key tiles x {rows} (batch, head) rows "
+                         f"is {n_keys * rows} dK / dV blocks; the kernels take fewer than 2^32 "
+                         f"(split the batch or the heads into several calls)")
+    return n_keys, rows
+
+
 def _main_kernels(call, deterministic, dkdv_args, dq_args):
     """The dK / dV kernel (with atomic dQ unless ``deterministic``), then in deterministic mode
     the row-parallel dQ kernel."""
@@ -351,7 +362,7 @@ def _main_kernels(call, deterministic, dkdv_args, dq_args):
                            + call.options,
                            lambda: bw.make_mma_dkdv_kernel(*key[:6], not deterministic,
                                                            *key[6:], bm, **dkdv_options))
-        _launch(call, dkdv, (n_k, heads), geo["threads"], dkdv_args, geo["smem"])
+        _launch(call, dkdv, dkdv_grid(n_k, heads), geo["threads"], dkdv_args, geo["smem"])
         if deterministic:
             dq_key = key[:-2] + (geo["dq_warps"], geo["dq_block_m"], geo["dq_block_n"])
             dqk = _cached(("mma_dq",) + dq_key + call.options,
