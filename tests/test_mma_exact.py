@@ -12,6 +12,7 @@ from numba import cuda
 from numba_flash.cuda.primitives import (SIMULATOR, mma_f64, mma_f64_k16, mma_f64_k16_884,
                                          mma_tf32, split_tf32, split_tf32_fast)
 from numba_flash.cuda.primitives.mma_exact import tensor_core_rounding
+from numba_flash.studies.tf32 import truncate_tf32
 from offline_sass import run_offline
 from gpu_arrays import to_device, to_host
 
@@ -155,10 +156,6 @@ def _split_fast(x, hi, lo):
         hi[i], lo[i] = split_tf32_fast(x[i])
 
 
-def _tf32_bits(x, mask=0xFFFFE000):
-    return (np.asarray(x, np.float32).view(np.uint32) & np.uint32(mask)).view(np.float32)
-
-
 def test_split_tf32_fast_rounds_like_cvt_rna():
     """``split_tf32_fast``: hi is x rounded to nearest TF32 (ties away from zero, cvt.rna's
     rule), lo = x - hi exactly, and hi + lo truncated to TF32 (what the tensor core reads) is
@@ -176,8 +173,8 @@ def test_split_tf32_fast_rounds_like_cvt_rna():
     hi, lo = to_host(hi), to_host(lo)
     n = x.size - special.size - 1
     fin = slice(0, n)
-    half_ulp = np.abs(x[fin].astype(np.float64) - _tf32_bits(x[fin]).astype(np.float64))
-    assert np.array_equal(_tf32_bits(hi[fin]), hi[fin])         # hi is a TF32 number
+    half_ulp = np.abs(x[fin].astype(np.float64) - truncate_tf32(x[fin]).astype(np.float64))
+    assert np.array_equal(truncate_tf32(hi[fin]), hi[fin])         # hi is a TF32 number
     err = np.abs(hi[fin].astype(np.float64) - x[fin])
     ulp = np.exp2(np.floor(np.log2(np.abs(x[fin].astype(np.float64)))) - 10)
     assert np.all(err <= ulp / 2)                                # nearest ...
@@ -185,10 +182,10 @@ def test_split_tf32_fast_rounds_like_cvt_rna():
     assert np.all(np.abs(hi[fin][tie]) > np.abs(x[fin][tie]))    # ... ties away from zero
     assert hi[n - 3:n].tolist() == [1 + 2.0 ** -10, -(1 + 2.0 ** -9), 1.0]
     assert np.array_equal(lo[fin], x[fin] - hi[fin])             # the exact remainder
-    kept = hi[fin].astype(np.float64) + _tf32_bits(lo[fin])
+    kept = hi[fin].astype(np.float64) + truncate_tf32(lo[fin])
     assert np.all(np.abs(kept - x[fin]) <= 2.0 ** -21 * np.abs(x[fin].astype(np.float64)))
     assert hi[n:n + 2].tolist() == [np.inf, -np.inf]
-    assert np.isnan(_tf32_bits(lo[n:n + 3])).all() and np.isnan(_tf32_bits(lo[-1:])).all()
+    assert np.isnan(truncate_tf32(lo[n:n + 3])).all() and np.isnan(truncate_tf32(lo[-1:])).all()
     assert hi[n + 3:n + 5].tolist() == [0.0, 0.0] and not lo[n + 3:n + 5].any()
 
 
