@@ -225,7 +225,7 @@ def test_bitmask_and_mask_mod(case):
 ALIBI_CASES = [
     ("float32", FMA_TILES, True, (2,), dict(causal=True)),
     # 9 (batch, head) rows: the dK / dV blocks' order takes a group of 8 rows, then one
-    # (kernels/backward.py key_block_order); per-(b, h) slopes catch a wrong row
+    # (kernels/backward.py key_block); per-(b, h) slopes catch a wrong row
     ("float16", MMA_TILES, False, (3, 3), dict(window=(9, 4))),
     ("bfloat16", WIDE_TILES, True, (2, 2), dict(causal=True, softcap=4.0)),
 ]

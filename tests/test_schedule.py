@@ -1,12 +1,11 @@
 """The grids' block orders: the forward's (kernels/schedule.py), every (query tile, row) exactly
 once, longest tiles first across the rows of an L2-sized group, groups in row order; the
-backward's column-parallel blocks (kernels/backward.py ``key_block_order``), every (key tile,
-row) once, key tile by key tile within a group of rows."""
+backward's column-parallel blocks (kernels/backward.py ``key_block``: the same order, a group
+being up to 8 rows), every (key tile, row) once, key tile by key tile within a group."""
 from __future__ import annotations
 
 import pytest
 
-from numba_flash.cuda.kernels.backward import key_block_order
 from numba_flash.cuda.launch.backward import dkdv_grid
 from numba_flash.cuda.kernels.schedule import L2_GROUP_BYTES, tile_order
 
@@ -56,7 +55,8 @@ def test_one_row_per_group_is_the_old_order():
     (4, 3, 8),          # fewer rows than a group
 ])
 def test_backward_blocks_key_tile_by_key_tile_within_groups(n_keys, n_rows, group):
-    order = [tuple(int(v) for v in key_block_order(i, n_keys, n_rows, group))
+    # key_block's call: a budget of ``group`` keys of one-key rows, x the key tile
+    order = [tuple(int(v) for v in tile_order(i, n_keys, n_rows, 1, 1, group)[1:])
              for i in range(n_keys * n_rows)]
     assert sorted((row, kt) for kt, row in order) == \
         [(r, kt) for r in range(n_rows) for kt in range(n_keys)]

@@ -52,6 +52,7 @@ from ..primitives import (cp_async16, cp_async16_at, cp_async_commit, cp_async_w
 from .jitcache import jit_kernel
 from .masking import (BITMASK, INTERVALS, MASK_MOD, NONE, bit_visible, key_tiles,
                       mask_mod_device, past_sinks, tile_class)
+from .schedule import tile_order_inlined
 from .sequences import packed_sequence
 from .tile_ops import window_visible
 from .tile_classes import FULL, SKIP, skipped_rows_end
@@ -199,25 +200,6 @@ GROUP_QDO_BYTES = 32 * 1024 * 1024
 MAX_GROUP_HEADS = 8
 
 
-def key_block_order(block, n_keys, n_rows, group_rows):
-    """``(ktile, row)`` of the column-parallel block of linear index ``block`` (``blockIdx.y *
-    n_keys + blockIdx.x``) in a grid of ``n_keys`` key tiles x ``n_rows`` (batch, head) rows:
-    the rows go out ``group_rows`` at a time, key tile by key tile within a group. In 32-bit
-    unsigned arithmetic (int64 divisions are long instruction sequences), on the host too
-    (tests call it there): the values are np.uint32, and the grid has fewer than 2^32 blocks
-    (launch/backward.py ``dkdv_grid``)."""
-    u32 = np.uint32
-    n_keys = u32(n_keys)
-    first = u32(u32(u32(block) // u32(u32(group_rows) * n_keys)) * u32(group_rows))
-    width = u32(min(u32(group_rows), u32(u32(n_rows) - first)))
-    rank = u32(u32(block) - u32(first * n_keys))
-    ktile = u32(rank // width)
-    return ktile, u32(first + u32(rank - u32(ktile * width)))
-
-
-_key_block_order = inlined(key_block_order)
-
-
 @inlined
 def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
     """``(ktile, b, h, hk, ab, q_off, k_off, seqlen_q, seqlen_k)`` of a column-parallel block of
@@ -226,21 +208,24 @@ def key_block(q, k, heads_ratio, seqlen_q, seqlen_k, cu_q, cu_k, varlen):
     row offsets and lengths.
 
     The blocks go out a group of (batch, head) rows at a time, key tile by key tile within the
-    group (``key_block_order``): the first key tiles of all the group's heads, the longest
-    walks under causal-like masks, start before the short ones, so the grid does not end on a
-    few long blocks (list scheduling, longest first), while the heads that run at once stay
-    few enough for their Q and dO to stay in L2 (the forward's ``schedule.tile_order`` does the
-    same for its query tiles)."""
+    group (``schedule.tile_order``): the first key tiles of all the group's heads, the
+    longest walks under causal-like masks, start before the short ones, so the grid does not
+    end on a few long blocks (list scheduling, longest first), while the heads that run at once stay
+    few enough for their Q and dO to stay in L2 (the forward's query tiles go out the same way:
+    ``schedule.query_tile_of_block``). The grid has fewer than 2^32 blocks (launch/backward.py
+    ``dkdv_grid``)."""
     u32 = np.uint32
     fit = u32(u32(GROUP_QDO_BYTES) // u32(4 * q.shape[3])) // u32(max(seqlen_q, 1))
     group = min(u32(MAX_GROUP_HEADS), max(u32(1), u32(fit)))
     block = u32(cuda.blockIdx.y) * u32(cuda.gridDim.x) + u32(cuda.blockIdx.x)
-    ktile, row = _key_block_order(block, cuda.gridDim.x, cuda.gridDim.y, group)
-    b = np.int64(u32(row // u32(q.shape[2])))
-    h = np.int64(row) - b * q.shape[2]
+    # the forward's grouped order with ``group`` rows per group (a budget of ``group`` keys of
+    # one row each); its place x counted from the first tile is the key tile
+    _, ktile, row = tile_order_inlined(block, cuda.gridDim.x, cuda.gridDim.y, 1, 1, group)
+    b = np.int64(u32(u32(row) // u32(q.shape[2])))
+    h = row - b * q.shape[2]
     ab, q_off, k_off, seqlen_q, seqlen_k = block_sequence(varlen, cu_q, cu_k, b, q.shape[1],
                                                           k.shape[1], seqlen_q, seqlen_k)
-    return np.int64(ktile), b, h, h // heads_ratio, ab, q_off, k_off, seqlen_q, seqlen_k
+    return ktile, b, h, h // heads_ratio, ab, q_off, k_off, seqlen_q, seqlen_k
 
 
 @inlined

@@ -14,8 +14,8 @@ a group of one row: each row's tiles longest first, as before. Only rows whose t
 work are grouped: under a right bound (causal), and under interval masks on the warp-specialised
 kernel (forward_ws.py); not in packed batches or the head_dim 64 wgmma kernel (``group_keys``,
 forward_mma.py; the A/B behind these choices: docs/benchmarks.md, "Forward", and "Backward"
-for the interval masks). The backward's dK / dV blocks have their own order
-(backward.py ``key_block_order``).
+for the interval masks). The backward's dK / dV blocks go out in the same order, with groups
+of their own size (backward.py ``key_block``).
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from numba import cuda
 
 from ..primitives.base import inlined
 
-__all__ = ["query_tile_of_block", "tile_order", "group_keys", "L2_GROUP_BYTES"]
+__all__ = ["query_tile_of_block", "tile_order", "tile_order_inlined", "group_keys",
+           "L2_GROUP_BYTES"]
 
 L2_GROUP_BYTES = 8 * 1024 * 1024        # of the H100's / H200's 50 MB L2 (2026-11-27: 32 MB
                                         # made head_dim 64 at N 4096 1.5x slower)
@@ -68,7 +69,7 @@ def tile_order(block, n_qtiles, n_rows, seqlen_k, heads_ratio, budget_keys):
             np.int64(first + u32(rank - u32(x * width))))
 
 
-_tile_order = inlined(tile_order)
+tile_order_inlined = inlined(tile_order)     # the kernels' copy (backward.py's key_block too)
 
 
 @inlined
@@ -79,5 +80,5 @@ def query_tile_of_block(seqlen_k, heads_ratio, budget_keys):
         x = cuda.blockIdx.x
         return np.int64(cuda.gridDim.x - 1 - x), np.int64(x), np.int64(cuda.blockIdx.y)
     n_qtiles = cuda.gridDim.x
-    return _tile_order(cuda.blockIdx.y * n_qtiles + cuda.blockIdx.x, n_qtiles, cuda.gridDim.y,
-                       seqlen_k, heads_ratio, budget_keys)
+    return tile_order_inlined(cuda.blockIdx.y * n_qtiles + cuda.blockIdx.x, n_qtiles,
+                              cuda.gridDim.y, seqlen_k, heads_ratio, budget_keys)

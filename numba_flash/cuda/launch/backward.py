@@ -332,7 +332,7 @@ def _scalars(call, scale, cap):
 
 def dkdv_grid(n_keys: int, rows: int) -> tuple[int, int]:
     """The 16-bit dK / dV kernels' grid: ``n_keys`` key tiles x ``rows`` (batch, query head)
-    rows. Their block order (kernels/backward.py ``key_block_order``) numbers the blocks in 32
+    rows. Their block order (kernels/schedule.py ``tile_order``) numbers the blocks in 32
     bits, so a grid of 2^32 blocks or more is refused rather than computed wrong."""
     if n_keys * rows >= 1 << 32:
         raise ValueError(f"attention_backward: {n_keys} key tiles x {rows} (batch, head) rows "
