@@ -54,12 +54,12 @@ tile in registers.
 Accumulation order. The tensor cores round each D = A B + C toward zero (primitives/mma_exact.py),
 so an mma into a long-lived accumulator adds an error of up to one ulp of that accumulator,
 always toward zero (H100, S and O each accumulated in place: 13x the IEEE kernel's error at
-N = 2048). So the large products start from small accumulators: S's hi x hi products of each
-pair of k-steps from zero (two truncations of a 16-term partial sum, whose sign varies),
-added to S in IEEE float32; S's cross terms (``hi lo``, ``lo hi``, ~2^-11 of S) chain in one
-accumulator over the tile's k-steps, added at the end. P V per tile: the tile's cross terms
-chain from zero, then its hi x hi products chain on top (one truncation per 8 keys, at the size
-of the tile's P V), and ``o = alpha o + (P V)`` in IEEE float32.
+N = 2048). So the large products start from small accumulators: S's hi x hi product of each
+k-step from zero (one truncation of an 8-term partial sum, whose sign varies), added to S in
+IEEE float32; S's cross terms (``hi lo``, ``lo hi``, ~2^-11 of S) chain in one accumulator over
+the tile's k-steps, added at the end. P V per tile: the tile's cross terms chain from zero, then
+its hi x hi products chain on top (one truncation per 8 keys, at the size of the tile's P V),
+and ``o = alpha o + (P V)`` in IEEE float32.
 
 Kernel signature: the CUDA-core kernel's (forward_fma.make_fma_kernel); the mask / varlen /
 ALiBi arguments are never read. Grid (ceil(Sq / rows per block), B * Hq), ``tf32x3_smem_bytes``
@@ -215,8 +215,8 @@ def scores(s, x, qb, kb, qa, ka, k_lo, q_step, q_lo, k_row, k_pairs, n_tiles):
     """S = Q K^T for the split tile in the flat ``kb`` (hi, then lo at ``k_lo`` words; a lane's
     row ``g`` and column ``4t`` at word ``ka``; Q's fragments in the lane's slots of ``qb`` from
     word ``qa``, ``q_step`` words per k-step, lo at ``q_lo`` words on: ``store_q_split``):
-    ``s[4n .. 4n + 3]`` the scores of 8-key n-tile n (each pair of k-steps' hi x hi chained
-    from zero, added in float32; the cross terms chained in ``x``, added at the end)."""
+    ``s[4n .. 4n + 3]`` the scores of 8-key n-tile n (each k-step's hi x hi from zero, added in
+    float32; the cross terms chained in ``x``, added at the end)."""
     for e in range(4 * n_tiles):
         x[e] = ZERO
     for j in range(k_pairs):
@@ -238,7 +238,6 @@ def scores(s, x, qb, kb, qa, ka, k_lo, q_step, q_lo, k_row, k_pairs, n_tiles):
                 h10, h30, h11, h31, l10, l30, l11, l31, b2, b3, e2, e3,
                 x[i], x[i + 1], x[i + 2], x[i + 3])
             d0, d1, d2, d3 = mma_tf32(h00, h20, h01, h21, b0, b1, ZERO, ZERO, ZERO, ZERO)
-            d0, d1, d2, d3 = mma_tf32(h10, h30, h11, h31, b2, b3, d0, d1, d2, d3)
             if j == 0:
                 s[i], s[i + 1], s[i + 2], s[i + 3] = d0, d1, d2, d3
             else:
@@ -246,6 +245,11 @@ def scores(s, x, qb, kb, qa, ka, k_lo, q_step, q_lo, k_row, k_pairs, n_tiles):
                 s[i + 1] += d1
                 s[i + 2] += d2
                 s[i + 3] += d3
+            d0, d1, d2, d3 = mma_tf32(h10, h30, h11, h31, b2, b3, ZERO, ZERO, ZERO, ZERO)
+            s[i] += d0
+            s[i + 1] += d1
+            s[i + 2] += d2
+            s[i + 3] += d3
     for e in range(4 * n_tiles):
         s[e] += x[e]
 
