@@ -822,7 +822,28 @@ def probs_grads(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, 
     call of more than 30 arguments is compiled as ``f(*args)``, which Numba cannot inline), the
     mask arguments as in ``pair_visible``, except that a transposed call with INTERVALS passes
     its block's staged copy as ``mk_iv`` (columns from k0: ``stage_key_block``);
-    ``has_alibi``: scores less ``slope_log2`` times the distance."""
+    ``has_alibi``: scores less ``slope_log2`` times the distance.
+
+    Full tiles take a branch without the mask tests: selected per pair, they ran on every tile
+    (if-converted by the compiler), on the critical path between the score products and the
+    gradient products."""
+    if full:
+        probs_grads_as(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, dls, lbuf,
+                       scale_log2, cap_in, cap_log2, has_softcap, is_bf16, True, where,
+                       has_left, has_right, has_sinks, kind, mk_iv, mk_bits, mod, has_alibi,
+                       slope_log2)
+    else:
+        probs_grads_as(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, dls, lbuf,
+                       scale_log2, cap_in, cap_log2, has_softcap, is_bf16, False, where,
+                       has_left, has_right, has_sinks, kind, mk_iv, mk_bits, mod, has_alibi,
+                       slope_log2)
+
+
+@inlined
+def probs_grads_as(st, dpt, pkp, pkd, n_tiles, lane, transposed, own0, r0, k0, ls, dls, lbuf,
+                   scale_log2, cap_in, cap_log2, has_softcap, is_bf16, full, where, has_left,
+                   has_right, has_sinks, kind, mk_iv, mk_bits, mod, has_alibi, slope_log2):
+    """``probs_grads`` with ``full`` a constant of the call site."""
     # a transposed fragment's keys are the lane's two (rows g, g + 8): their visible rows,
     # once (flags and intervals; bitmask / mask_mod pairs are tested one by one)
     key_masks = key_pair_rows(transposed and not full and row_mask_kind(kind), kind, where,
@@ -1087,12 +1108,15 @@ def prefetch_stats(ls, dls, buf, lse2, delta, b, h, r0, tid):
 @inlined
 def next_query_tile(t, end, kind, mm, tab, tb, ktile, bm, k0, bn, seqlen_q, seqlen_k, has_left,
                     has_right, has_sinks, wl, wr, sinks):
-    """The first query tile of [t, end) that the mask does not skip for key tile ``ktile``
-    (``end`` if none). Interval masks jump over a run of skipped tiles at once (a document
-    mask's key block skips every tile before its document and after it: one classification
-    per tile put a chain of dependent loads and tests before the block's first copy)."""
+    """``(tile, full)``: the first query tile of [t, end) that the mask does not skip for key
+    tile ``ktile`` (``end`` if none) and whether it is full (``tile_kind``; False at ``end``),
+    so that each tile is classified once. Interval masks jump over a run of skipped tiles at
+    once (a document mask's key block skips every tile before its document and after it: one
+    classification per tile put a chain of dependent loads and tests before the block's first
+    copy)."""
+    full = False
     while t < end:
-        skip, _ = tile_kind(kind, mm, tab, tb, t, ktile, t * bm, bm, k0, bn, seqlen_q, seqlen_k,
+        skip, full = tile_kind(kind, mm, tab, tb, t, ktile, t * bm, bm, k0, bn, seqlen_q, seqlen_k,
                             has_left, has_right, has_sinks, wl, wr, sinks)
         if not skip:
             break
@@ -1101,7 +1125,7 @@ def next_query_tile(t, end, kind, mm, tab, tb, ktile, bm, k0, bn, seqlen_q, seql
             run_end = skipped_rows_end(mm, ktile, t * bm, min(t * bm + bm, seqlen_q))
             nxt = max(nxt, run_end // bm)
         t = nxt
-    return t
+    return t, full
 
 
 @inlined
@@ -1219,8 +1243,9 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         end = (hi + BM - 1) // BM if hi > lo else 0
         if KIND == INTERVALS:
             cuda.syncthreads()      # the staged intervals
-        t = next_query_tile(lo // BM, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN, seqlen_q,
-                            seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
+        t, full = next_query_tile(lo // BM, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN,
+                                  seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
+                                  sinks)
         prefetch_rows(ks, 0, k, ab, k_off + k0, hk, k_off + seqlen_k, BN, CH, tid, NT)
         prefetch_rows(vs, 0, v, ab, k_off + k0, hk, k_off + seqlen_k, BN, CH, tid, NT)
         if t < end:
@@ -1231,9 +1256,9 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
         cp_async_commit()
         cur = 0
         while t < end:
-            nxt = next_query_tile(t + 1, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN,
-                                  seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
-                                  sinks)
+            nxt, nxt_full = next_query_tile(t + 1, end, KIND, mm, mk_tab, tb, mtile, BM, k0,
+                                            BN, seqlen_q, seqlen_k, has_left, has_right,
+                                            has_sinks, wl, wr, sinks)
             cp_async_wait_all()
             cuda.syncthreads()      # tile t has landed; every warp is done with buffer 1 - cur
             if nxt < end:
@@ -1244,8 +1269,6 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
                 prefetch_stats(ls, dls, 1 - cur, lse2, delta, b, h, nxt * BM, tid)
             cp_async_commit()
             r0 = t * BM
-            _, full = tile_kind(KIND, mm, mk_tab, tb, t, mtile, r0, BM, k0, BN, seqlen_q,
-                                seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
             for sl in range(MQ):
                 row = cur * BM + 16 * sl              # the slice's first row in the buffers
                 mma_abt(st, BF16, ks, own0, qs, row, 1, KS, lane)           # S^T = K Q^T
@@ -1264,7 +1287,7 @@ def make_mma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_right
                                q_off + seqlen_q, scale, warp,
                                WARPS, MQ, NCH, DC, BN, lane)
             cur = 1 - cur
-            t = nxt
+            t, full = nxt, nxt_full
         cp_async_wait_all()         # nothing may be in flight when the block exits
         store_dkdv(dk_acc, dv_acc, ab, k0 + own0, h, dk, dv, scale, k_off, seqlen_k, col0,
                    DH // 8, lane, BF16, DIRECT)

@@ -41,7 +41,7 @@ from ..primitives import (cp_async_commit, cp_async_wait_all, fence_proxy_async,
                           wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait)
 from .backward import (LOG2E, block_table_and_slope, key_block, next_query_tile,
                        prefetch_stats, probs_grads, query_rows, stage_key_block, stage_words,
-                       store_dkdv, store_fragments, tile_kind, zero)
+                       store_dkdv, store_fragments, zero)
 from .forward_mma_tiles import copy_rows
 from .jitcache import jit_kernel
 from .masking import INTERVALS, NONE, mask_mod_device
@@ -272,8 +272,9 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         end = (hi + BM - 1) // BM if hi > lo else 0
         if KIND == INTERVALS:
             cuda.syncthreads()      # the staged intervals
-        t = next_query_tile(lo // BM, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN, seqlen_q,
-                            seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
+        t, full = next_query_tile(lo // BM, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN,
+                                  seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
+                                  sinks)
         copy_rows(ls, sbase + K_OFF + cp_dst, k, ab, k_off, k0, seqlen_k, hk, cp_row, cp_part, 0,
                   KV_PASSES, NSEG, 8, RPP, BLK_K, True)
         copy_rows(ls, sbase + V_OFF + cp_dst, v, ab, k_off, k0, seqlen_k, hk, cp_row, cp_part, 0,
@@ -286,9 +287,9 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
         cur = 0
         dq_row = -1                 # first row of the dQ tile awaiting its reductions
         while t < end:
-            nxt = next_query_tile(t + 1, end, KIND, mm, mk_tab, tb, mtile, BM, k0, BN,
-                                  seqlen_q, seqlen_k, has_left, has_right, has_sinks, wl, wr,
-                                  sinks)
+            nxt, nxt_full = next_query_tile(t + 1, end, KIND, mm, mk_tab, tb, mtile, BM, k0,
+                                            BN, seqlen_q, seqlen_k, has_left, has_right,
+                                            has_sinks, wl, wr, sinks)
             cp_async_wait_all()
             fence_proxy_async()     # the copies' bytes visible to wgmma (the async proxy)
             cuda.syncthreads()      # tile t has landed; every warp is done with buffer 1 - cur
@@ -302,8 +303,6 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 store_fragments(dq_acc, ab, dq_row, h, dqa, scale, q_off + seqlen_q, dq_col0,
                                 DQ_N // 8, lane, True)
             r0 = t * BM
-            _, full = tile_kind(KIND, mm, mk_tab, tb, t, mtile, r0, BM, k0, BN, seqlen_q,
-                                seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
             cb = np.uint64((cur * BUF) >> 4)
             scores_t(st, dpt, dk_a, dv_a, dq_b + cb, ddo_b + cb, KS, BLK_K, BLK_Q, BF16)
             probs_grads(st, dpt, pkp, pkd, 8, lane, True, own0, r0, k0, ls[cur], dls[cur], 0,
@@ -332,7 +331,7 @@ def make_wgmma_dkdv_kernel(head_dim: int, is_bf16: bool, has_left: bool, has_rig
                 wgmma_hold(pkp)
                 wgmma_hold(pkd)
             cur = 1 - cur
-            t = nxt
+            t, full = nxt, nxt_full
         cp_async_wait_all()         # nothing may be in flight when the block exits
         if ATOMIC and dq_row >= 0:
             store_fragments(dq_acc, ab, dq_row, h, dqa, scale, q_off + seqlen_q, dq_col0,
