@@ -1116,8 +1116,8 @@ def next_query_tile(t, end, kind, mm, tab, tb, ktile, bm, k0, bn, seqlen_q, seql
     copy)."""
     full = False
     while t < end:
-        skip, full = tile_kind(kind, mm, tab, tb, t, ktile, t * bm, bm, k0, bn, seqlen_q, seqlen_k,
-                            has_left, has_right, has_sinks, wl, wr, sinks)
+        skip, full = tile_kind(kind, mm, tab, tb, t, ktile, t * bm, bm, k0, bn, seqlen_q,
+                               seqlen_k, has_left, has_right, has_sinks, wl, wr, sinks)
         if not skip:
             break
         nxt = t + 1

@@ -118,7 +118,7 @@ def tensor_core_kernel(dtype_name: str, head_dim: int, precision: str, mask_kind
     if not takes:
         raise NotImplementedError(
             f"precision='tensor_cores' for {dtype_name} takes head_dim "
-            f"32 / 64 / 96 / 128 without mask objects, "
+            "32 / 64 / 96 / 128 without mask objects, "
             f"alibi_slopes or score_mod{'' if f64 else ' or cu_seqlens'}; got head_dim "
             f"{head_dim}" + ("" if flags_only and (f64 or not varlen) else " with one of them"))
     return "dmma" if f64 else "tf32x3"
