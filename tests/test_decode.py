@@ -472,9 +472,8 @@ def test_gpu_kernel_variants(monkeypatch, kernel, tile):
 @gpu
 @pytest.mark.parametrize("splits", [1, 16])
 def test_gpu_back_to_back_same_bits(splits):
-    """Calls queued back to back on one stream (programmatic dependent launch where the launch
-    policy takes it: each waits for the one before, counters and partial states) give
-    identical bits."""
+    """Calls queued back to back on one stream (sharing the folded merge's counters and partial
+    states) give identical bits."""
     rng = np.random.default_rng(29)
     q = cp.asarray(rng.standard_normal((1, 1, 32, 128)).astype(np.float16))
     k = cp.asarray(rng.standard_normal((1, 8192, 32, 128)).astype(np.float16))
@@ -563,47 +562,6 @@ def test_stream_hint_changes_no_bits(monkeypatch, page, opts):
     assert not np.isnan(results[0][0].astype(np.float32)).any()
     assert np.array_equal(results[0][0], results[1][0])
     assert np.array_equal(results[0][1], results[1][1])
-
-
-class _FakeOccupancy:
-    """An H100-like occupancy answer for the decode kernel: 228 KB of shared memory per
-    multiprocessor, 1 KB reserved per block, 32 KB of static rings, at most 8 blocks
-    (registers)."""
-
-    def max_active_blocks_per_multiprocessor(self, threads, dynamic_smem):
-        return min(8, 233472 // (32768 + 1024 + dynamic_smem))
-
-
-class _FakeKernel:
-    occupancy = _FakeOccupancy()
-
-
-def test_launch_policy():
-    """Programmatic dependent launch and the shared-memory pad by grid size (docs/decode.md,
-    "Launch policy"), on an H100-like occupancy: 6 blocks per multiprocessor unpadded."""
-
-    k = _FakeKernel()
-    assert dec.launch_policy(k, 32, 384, 132) == (True, 0, False)    # the next grid fits beside
-    assert dec.launch_policy(k, 32, 396, 132) == (True, 0, False)
-    pdl, pad, late = dec.launch_policy(k, 32, 512, 132)              # cap at 4 blocks per SM
-    assert pdl and late and k.occupancy.max_active_blocks_per_multiprocessor(32, pad) == 4
-    assert k.occupancy.max_active_blocks_per_multiprocessor(32, pad - 1024) == 5
-    assert pad == 13312                                       # what the H100 query gave
-    pdl, pad, late = dec.launch_policy(k, 32, 660, 132)              # cap at 5
-    assert pdl and late and k.occupancy.max_active_blocks_per_multiprocessor(32, pad) == 5
-    assert dec.launch_policy(k, 32, 792, 132) == (True, 0, True)     # 6 = the unpadded occupancy
-    assert dec.launch_policy(k, 32, 793, 132) == (False, 0, False)   # two waves: no PDL
-    assert dec.launch_policy(object(), 32, 512, 132) == (False, 0, False)   # no occupancy query
-
-
-@gpu
-def test_gpu_plans_with_different_pads_share_a_kernel():
-    """Grids of one kernel that the launch policy gives different shared-memory pads (16 and
-    20 splits of 32 units on an H100), called alternately, all launch and agree with the
-    reference (the kernel's dynamic shared-memory limit is only ever raised)."""
-    rng = np.random.default_rng(37)
-    for splits in (16, 20, 16, 20, 1, 16):
-        check_decode(rng, "float16", 1, 1, 32, 32, 128, 2048, [2048], num_splits=splits)
 
 
 @pytest.mark.parametrize("kernel", ["mma", "fma"])

@@ -1,6 +1,6 @@
 """Decode inside CUDA graphs (GPU only): a captured call must replay to the bits of an eager
-call on the same inputs, with the folded merge's counters, programmatic dependent launch and
-the direct output, for PyTorch and CuPy stream capture."""
+call on the same inputs, with the folded merge's counters and the direct output, for PyTorch
+and CuPy stream capture."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +11,8 @@ from numba_flash.cuda.primitives import SIMULATOR
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SIMULATOR, reason="needs a real CUDA GPU")]
 
-# (1, 32, 32, 8192)-like: 16 splits, 512 one-warp blocks, so the launch policy turns on
-# programmatic dependent launch with the shared-memory cap; num_splits=1 is the direct path.
+# (1, 32, 32, 8192)-like: 16 splits, 512 one-warp blocks (the folded merge); num_splits=1 is
+# the direct path.
 B, HQ, HKV, L, D = 1, 32, 32, 4096, 128
 
 

@@ -112,7 +112,7 @@ kernels = {
     "forward_fma": forward_fma.make_fma_kernel(64, True, False, True, False, False, True, 16),
     "decode_mma_hint": decode_mma.make_mma_decode_kernel(
         128, False, False, False, True, False, False, False, False, True, 32, 2, 1, fold=True,
-        pdl=True, stream_hint=True),
+        stream_hint=True),
     "decode_mma_paged": decode_mma.make_mma_decode_kernel(
         128, True, True, False, True, False, False, False, False, False, 32, 2, 1, fold=True,
         page_pow2=16),

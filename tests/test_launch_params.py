@@ -21,7 +21,7 @@ from numba_flash.cuda.launch.driver import ArrayParam, LaunchPlan, ScalarParam
 
 
 class _Recorder:
-    """Stands for libcuda: records cuLaunchKernel / cuLaunchKernelEx / cuMemsetD32Async /
+    """Stands for libcuda: records cuLaunchKernel / cuMemsetD32Async /
     cuMemsetD2D32Async calls, in order."""
 
     def __init__(self):
@@ -32,16 +32,6 @@ class _Recorder:
         assert argv is None
         self.calls.append(("plain", _value(func), (gx, gy, gz), (bx, by, bz), smem,
                            _value(stream), _buffer(extra)))
-        return 0
-
-    def cuLaunchKernelEx(self, config, func, argv, extra):  # noqa: N802
-        func = _value(func)
-        cfg = ctypes.cast(config, ctypes.POINTER(driver._LaunchConfig)).contents \
-            if isinstance(config, int) else config._obj
-        assert argv is None
-        self.calls.append(("ex", func, (cfg.grid_x, cfg.grid_y, cfg.grid_z), cfg.block_x,
-                           cfg.smem, cfg.stream, cfg.num_attrs, cfg.attrs[0].id,
-                           cfg.attrs[0].value, _buffer(extra)))
         return 0
 
     def cuMemsetD32Async(self, ptr, word, count, stream):  # noqa: N802
@@ -79,7 +69,6 @@ def recorder(monkeypatch):
     rec = _Recorder()
     monkeypatch.setattr(driver, "_DRIVER", {
         "lib": rec, "launch": lambda *args: rec.cuLaunchKernel(*args),
-        "launch_ex": lambda *args: rec.cuLaunchKernelEx(*args),
         "memset32": lambda *args: rec.cuMemsetD32Async(*args),
         "memset2d32": lambda *args: rec.cuMemsetD2D32Async(*args),
         "function": lambda handle: handle + 1,
@@ -178,16 +167,6 @@ def test_launch_writes_pointers_and_pads_the_grid(recorder):
     assert (kind, func, grid, block, smem, stream) == ("plain", 0xABD, (5, 1, 1), (64, 1, 1), 0,
                                                        78)     # the context's CUfunction
     assert buffer == bytes(plan.values)
-
-
-def test_programmatic_dependent_launch_sets_the_attribute(recorder):
-    plan = LaunchPlan(_Func(), [ScalarParam(types.int64, 1)], (3, 2, 1), 32, smem=4096, pdl=True)
-    plan.launch([], stream=5)
-    kind, func, grid, block, smem, stream, n_attrs, attr_id, value, buffer = recorder.calls[-1]
-    assert (kind, func, grid, block, smem, stream) == ("ex", 0xABD, (3, 2, 1), 32, 4096, 5)
-    # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    assert (n_attrs, attr_id, value) == (1, 6, 1)
-    assert buffer == struct.pack("<q", 1)
 
 
 def test_a_failed_launch_raises(recorder, monkeypatch):

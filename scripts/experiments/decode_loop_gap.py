@@ -1,15 +1,15 @@
-"""Why a loop of decode calls runs slower than the kernels' GPU time (issue 17: at (1, 64, 8, 32768,
-64) the loop pays ~8 us per call beyond the pre-filled-queue time, docs/benchmarks.md "Launch
-overhead"): per-call GPU time with the queue pre-filled (a spin kernel first), wall time per call
-of a plain loop, host time per call, and the kernels' timeline in both modes from torch.profiler
-(each kernel's duration and the idle gap before it), so the gap shows up as kernel time (blocks
-placed early by programmatic dependent launch waiting in ``griddepcontrol.wait``) or as idle time
-between kernels (launches arriving late).
+"""Loop of decode calls against the kernel's pre-filled-queue GPU time (issue 17): per-call GPU
+time with the queue pre-filled (a spin kernel first), wall time per call of a plain loop, host
+time per call, and the kernels' timeline in both modes from torch.profiler (each kernel's
+duration and the idle gap before it: negative when kernels overlap).
 
-    PYTHONPATH=scripts python scripts/experiments/decode_loop_gap.py [--no-pdl] [--shape B,Hq,Hkv,L,D]
+    PYTHONPATH=scripts python scripts/experiments/decode_loop_gap.py [--shape B,Hq,Hkv,L,D] [--page N]
 
-``--no-pdl``: the launch policy (launch/decode.py ``launch_policy``) replaced by plain launches for
-this process, before the first call builds its plan.
+``--page N``: a paged cache of N-row pages. It found (H200, 2026-11-29,
+``docs/data/decode_pdl_loops_h200_2026-11-29.txt``) that programmatic dependent launch, then on
+for several grids, cost up to 7 us per call in loops whose launches arrive while the previous
+call runs ((1, 64, 8, 32768, 64): 40.6 us against 33.9 with plain launches; pre-filled queue
+31.2 / 32.0), so decode launches plainly since (docs/decode.md "Launch").
 """
 from __future__ import annotations
 
@@ -53,25 +53,26 @@ def _summary(rows, skip):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="1,64,8,32768,64", help="B,Hq,Hkv,L,D")
-    ap.add_argument("--no-pdl", action="store_true")
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--page", type=int, default=None, help="rows per page: a paged cache")
     args = ap.parse_args()
     import torch
 
+    import bench_decode
     import numba_flash
     from bench_decode import gpu_time_ms, make_inputs
 
-    if args.no_pdl:
-        from numba_flash.cuda.launch import decode as launch_decode
+    bench_decode.torch, bench_decode.numba_flash = torch, numba_flash   # its main's imports
 
-        launch_decode.launch_policy = lambda *a, **kw: (False, 0, False)
     b, hq, hkv, L, d = (int(x) for x in args.shape.split(","))
-    q, k, v, _, _ = make_inputs(b, hq, hkv, L, d, "float16", None)
+    q, k, v, lens, table = make_inputs(b, hq, hkv, L, d, "float16", args.page)
 
     def fn():                       # the whole cache, as bench_overhead.py's decode rows
-        return numba_flash.decode(q, k, v)
+        if table is None:
+            return numba_flash.decode(q, k, v)
+        return numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table)
 
-    tag = "no_pdl" if args.no_pdl else "policy"
+    tag = "decode"
     gpu_us = gpu_time_ms(fn) * 1e3
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -85,6 +86,9 @@ def main():
         fn()
     host_us = (time.perf_counter() - t0) / args.calls * 1e6
     torch.cuda.synchronize()
+    from numba_flash.cuda.launch.decode import LAST_PLAN
+
+    print(f"{tag} {args.shape} page {args.page} plan {LAST_PLAN}")
     print(f"{tag} {args.shape}: gpu (queue pre-filled) {gpu_us:.1f} us, loop {loop_us:.1f} us, "
           f"host {host_us:.1f} us per call")
     for spin in (True, False):

@@ -94,7 +94,7 @@ def main():
                 x, y, z, options, extras, (None, None), None), True)
             row(f"{tag}: numba_flash.attention, whole call", whole, True)
             print(f"{tag}: plan grid {call.plan.grid} block {call.plan.block} smem "
-                  f"{call.plan.smem} pdl {call.plan.pdl} parameter words {len(call.plan.values)} "
+                  f"{call.plan.smem} parameter words {len(call.plan.values)} "
                   f"order {call.order}", flush=True)
     sync()
 

@@ -44,8 +44,7 @@ from numba.cuda import types
 from ..primitives import (SIMULATOR, arrive_acq_rel, bcast0, cp_async16,
                           cp_async16_maybe_hint, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
                           cp_async_wait_3, evict_first_policy, exp2,
-                          grid_dependency_wait, grid_launch_dependents, ld2, ldmatrix_x4,
-                          ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, st2, syncwarp)
+                          ld2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, st2, syncwarp)
 from .decode_fma import tree_visible
 from .decode_split import cache_slot, split_keys
 from .jitcache import jit_kernel
@@ -721,8 +720,7 @@ def merge_row(out, lse, o_part, lse_part, macc, xs, lsv, live, b, hh, sq, t, j, 
 def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: bool,
                            has_right: bool, has_sinks: bool, has_softcap: bool, has_tree: bool,
                            direct: bool, write_lse: bool, block_n: int, stages: int, warps: int,
-                           fold: bool = False, pdl: bool = False, page_pow2: int = 0,
-                           pdl_late: bool = False, full_lens: bool = False,
+                           fold: bool = False, page_pow2: int = 0, full_lens: bool = False,
                            stream_hint: bool = False):
     """Build the tensor-core decode kernel for one configuration (every argument compile-time).
 
@@ -740,16 +738,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     warp that brings it to ``n_splits`` is the last of its (batch item, kv head, chunk): it
     merges the partial states of its rows into out / lse and resets the counter to 0, so the
     same counters serve the next launch on the stream. No second kernel launch.
-
-    ``pdl`` (sm_90 and later only): the kernel first waits on ``griddepcontrol.wait`` (the
-    previous grid on the stream has finished and its writes are visible; immediate without a
-    programmatic-dependent launch), then signals ``griddepcontrol.launch_dependents``, so a
-    next launch made with programmatic stream serialization is scheduled while this one runs
-    and waits in its own prologue instead of paying the launch gap after it.
-
-    ``pdl_late``: signal ``launch_dependents`` after the key loop instead of at the start, so
-    the next grid's blocks are placed while this one merges and writes (its tail), not while
-    it loads.
 
     ``page_pow2``: the page size when paged caches use a power-of-two page (else 0). Tiles
     whose keys are all valid, consecutive (past the sinks) and inside one page (or whole
@@ -791,8 +779,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     GATHER_MF = GATHER * MF
     BF16 = bool(is_bf16)
     FOLD = bool(fold) and not direct
-    PDL = bool(pdl)
-    PDL_LATE = PDL and bool(pdl_late)
     FULL_LENS = bool(full_lens)
     RPI, PAGE, PSHIFT, FAST, NPG = _fast_copy_geometry(D, BN, paged, page_pow2)
     HINT = bool(stream_hint) and FAST
@@ -802,10 +788,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
     def kernel(q, k, v, block_table, cache_seqlens, tree_bits, out, lse, o_part, lse_part,
                counters, heads_ratio, row_chunks, n_splits, scale_log2, cap_in, cap_out,
                window_left, window_right, sinks, tree_len, page_size, page_shift):
-        if PDL:
-            grid_dependency_wait()
-            if not PDL_LATE:
-                grid_launch_dependents()
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -920,8 +902,6 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
 
                 tile_pv(BF16, acc, s, vs, base, v_row, v_col, swz, NP, ND)
 
-        if PDL_LATE:
-            grid_launch_dependents()
         inv0, inv1, lse0, lse1 = finish_rows(m0, m1, l0, l1)
         if live0:
             store_row(out, lse, o_part, lse_part, acc, 0, split, b, s0, h0, t, inv0, lse0,
@@ -956,4 +936,4 @@ def make_mma_decode_kernel(head_dim: int, is_bf16: bool, paged: bool, has_left: 
 
     return jit_kernel(kernel, ("decode_mma", head_dim, is_bf16, paged, has_left, has_right,
                                has_sinks, has_softcap, has_tree, direct, write_lse, block_n,
-                               stages, warps, fold, pdl, PAGE, PDL_LATE, FULL_LENS))
+                               stages, warps, fold, PAGE, FULL_LENS))

@@ -1,5 +1,5 @@
-"""Split-KV decode's runtime (FlashDecoding): kernel choice, split heuristics, launch policy,
-the folded merge's counters, and launch plans (driver.py) for the two decode kernels.
+"""Split-KV decode's runtime (FlashDecoding): kernel choice, split heuristics, the folded
+merge's counters, and launch plans (driver.py) for the two decode kernels.
 
 float16 / bfloat16 with head_dim a multiple of 16 up to 128 run the tensor-core kernel
 (kernels/decode_mma.py, merge folded in: the last warp of each row chunk merges the splits);
@@ -22,9 +22,8 @@ from ..primitives import SIMULATOR
 from .arrays import (BFloat16Array, caller_param, check_rows_aligned, empty_like_kind,
                      fixed_param, gpu_inputs, interface, kernel_array, placeholder)
 from .attention import window_flags
-from .device import compute_capability, current_device_id, sm_count
+from .device import current_device_id, sm_count
 from .driver import ArrayParam, LaunchPlan, ScalarParam, compile_kernel, stream_is_capturing
-from .driver import raise_dynamic_smem_limit
 from .fastpath import (FastCall, capture_reader, current_stream_of, fast_table, geometry_of,
                        geometry_reader, register_fast)
 from .merge import merge_plan, merge_simulated
@@ -51,7 +50,6 @@ LAST_PLAN: dict = {}         # splits and tile of the last decode_cuda call (ben
 _MMA_KERNELS: dict = {}
 _TREES: dict = {}
 _COUNTERS: dict = {}
-_KERNEL_PADS: dict = {}
 
 
 def mma_tile(head_dim: int, paged: bool = False, pow2_pages: bool = True):
@@ -96,55 +94,6 @@ def auto_num_splits_mma(units: int, keys: int, sm_count: int,
         want = ((warps_per_sm + 1) * sm_count) // units
     by_len = max(1, keys // MIN_KEYS_PER_SPLIT)
     return int(max(1, min(want, by_len, MAX_SPLITS)))
-
-
-def launch_policy(core_kernel, threads: int, blocks: int, sm_count: int):
-    """(pdl, pad, late) of the automatic launch (H100 A/B, docs/decode.md "Launch policy").
-
-    Programmatic dependent launch lets the next call's blocks be placed while this call runs;
-    they then wait in ``griddepcontrol.wait``. That saves the gap between back-to-back calls
-    when the placement stays even, and costs up to 17 points of bandwidth when it does not (the
-    blocks pile onto the multiprocessors with room). So:
-
-    * a grid of more than one wave: no PDL;
-    * a grid whose next copy fits in the room this one leaves (2 x blocks within the device's
-      blocks at once): PDL, the next grid lands evenly at once;
-    * otherwise PDL with a multiprocessor capped at this grid's own ``ceil(blocks / SMs)``
-      blocks (by the occupancy itself, or by a shared-memory pad), so the next grid's blocks
-      only take the places of finished ones; without such a cap, no PDL. Here ``late``: the
-      kernel signals ``launch_dependents`` after its key loop (the next grid is placed during
-      this one's merge), which the A/B measured as good or better than the early signal for
-      capped grids, and worse for the grids of the previous case.
-    """
-    try:
-        per_sm = core_kernel.occupancy.max_active_blocks_per_multiprocessor(threads, 0)
-    except Exception:  # noqa: BLE001 - no occupancy query: plain launches
-        return False, 0, False
-    if blocks > per_sm * sm_count:
-        return False, 0, False
-    if 2 * blocks <= per_sm * sm_count:
-        return True, 0, False
-    if per_sm == -(-blocks // sm_count):
-        return True, 0, True
-    pad = _cap_pad(core_kernel, threads, blocks, sm_count)
-    return (True, pad, True) if pad else (False, 0, False)
-
-
-def _cap_pad(core_kernel, threads: int, blocks: int, sm_count: int) -> int:
-    """The least dynamic shared memory (a multiple of 1 KB) with which a multiprocessor holds
-    at most ``ceil(blocks / sm_count)`` blocks of ``core_kernel`` (cuda.core's occupancy
-    query); 0 when its occupancy is already that low, or when no pad gives exactly that cap."""
-    occupancy = core_kernel.occupancy.max_active_blocks_per_multiprocessor
-    cap = -(-blocks // sm_count)
-    if occupancy(threads, 0) <= cap:
-        return 0
-    # Only pads within the default dynamic limit (48 KB of shared memory per block in all):
-    # beyond it the query answers 0 until the kernel's limit is raised.
-    for pad in range(1024, 48 * 1024, 1024):
-        n = occupancy(threads, pad)
-        if n <= cap:
-            return pad if n == cap else 0
-    return 0
 
 
 class GraphCaptureError(RuntimeError):
@@ -253,7 +202,6 @@ def _tree_array(device, parents, seqlen_q):
     if key not in _TREES:
         _TREES[key] = cuda.to_device(bits)
     return _TREES[key]
-
 
 
 def mma_decode_kernel(*config):
@@ -555,16 +503,15 @@ def _cached_plan(key, build):
 
 
 def _mma_plan(d, is_bf16, params, keep, dev, stream):
-    """The tensor-core kernel's plan: folded merge with per-stream counters, and the launch
-    policy (programmatic dependent launch, shared-memory pad) of ``launch_policy``."""
+    """The tensor-core kernel's plan: folded merge with per-stream counters; plain launches
+    (docs/decode.md "Launch": programmatic dependent launch lost in loops of calls)."""
     fold = not d.direct
     counters = _counters("cuda", dev, d.batch * d.heads_kv * d.chunks, stream) if fold else \
         placeholder(dev, (1,), np.int32)
     block_n, stages, warps = d.tile
-    pdl_device = compute_capability(dev) >= (9, 0)
-    config = [d.head_dim, is_bf16, d.paged, d.has_left, d.has_right, d.has_sinks,
+    config = (d.head_dim, is_bf16, d.paged, d.has_left, d.has_right, d.has_sinks,
               d.has_softcap, d.tree is not None, d.direct, d.return_lse, block_n, stages, warps,
-              fold, pdl_device, d.page_pow2, False, d.full_lens, d.stream_hint]
+              fold, d.page_pow2, d.full_lens, d.stream_hint)
     params = params + [fixed_param(counters)]
     params += [ScalarParam(types.int64, n) for n in (d.ratio, d.chunks, d.splits)]
     params += [ScalarParam(types.float32, x) for x in d.floats]
@@ -573,28 +520,9 @@ def _mma_plan(d, is_bf16, params, keep, dev, stream):
 
     def build():
         cufunc = compile_kernel(mma_decode_kernel(*config), params)
-        pdl, pad, late = False, 0, False
-        if pdl_device:
-            blocks = grid[0] * grid[1] * grid[2]
-            pdl, pad, late = launch_policy(cufunc.kernel, 32 * warps, blocks, sm_count(dev))
-            if late:
-                config[16] = True
-                cufunc = compile_kernel(mma_decode_kernel(*config), params)
-        _raise_pad(cufunc, pad, dev)
-        LAST_PLAN.update(smem_pad=pad, pdl="late" if late else pdl)
-        return LaunchPlan(cufunc, params, grid, 32 * warps, pad, pdl=bool(pdl),
-                          keep=keep + (counters,))
+        return LaunchPlan(cufunc, params, grid, 32 * warps, keep=keep + (counters,))
 
-    return _cached_plan(_plan_key(params, ("mma", tuple(config), dev)), build)
-
-
-def _raise_pad(cufunc, pad, dev):
-    """The kernel's dynamic shared-memory limit, only ever raised (plans of one kernel share
-    it: lowering it for a smaller pad made a larger-pad plan's launches fail)."""
-    key = (int(cufunc.handle), dev)
-    if pad > _KERNEL_PADS.get(key, 0):
-        raise_dynamic_smem_limit(cufunc.handle, pad, dev)
-        _KERNEL_PADS[key] = pad
+    return _cached_plan(_plan_key(params, ("mma", config, dev)), build)
 
 
 def _fma_plan(d, is_bf16, params, keep, dev):
@@ -640,8 +568,8 @@ def _decode_simulated(kind, d, is_bf16, q, k, v, block_table, cache_seqlens, out
         counters = np.zeros(max(d.batch * d.heads_kv * d.chunks, 1), np.int32)
         kern = mma_decode_kernel(d.head_dim, is_bf16, d.paged, d.has_left, d.has_right,
                                  d.has_sinks, d.has_softcap, d.tree is not None, d.direct,
-                                 d.return_lse, block_n, stages, warps, fold, False, d.page_pow2,
-                                 False, d.full_lens, d.stream_hint)
+                                 d.return_lse, block_n, stages, warps, fold, d.page_pow2,
+                                 d.full_lens, d.stream_hint)
         kern[(-(-d.splits // warps), d.batch, d.heads_kv * d.chunks), 32 * warps, 0](
             *arrays, counters, d.ratio, d.chunks, d.splits, *floats, *d.ints2)
         return

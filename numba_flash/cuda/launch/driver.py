@@ -8,8 +8,7 @@ reports for the kernel (cuFuncGetParamInfo, read once per kernel; natural alignm
 older than 12.4, which lack it), handed to ``cuLaunchKernel`` as its ``extra``
 (CU_LAUNCH_PARAM_BUFFER_POINTER): one copy, where an array of one pointer per parameter has the
 driver copy ~130 parameters one by one. A call writes only the data pointers of the caller's
-arrays into their places and calls ``cuLaunchKernel`` (``cuLaunchKernelEx`` for a
-programmatic-dependent launch) through ctypes: no argument typing, no Numba device-array
+arrays into their places and calls ``cuLaunchKernel`` through ctypes: no argument typing, no Numba device-array
 wrappers, no allocation. The driver copies the parameters at launch, so the buffer is free
 again when the call returns. The library's plan caches are per process, so threads share
 plans: a plan's lock spans writing the pointers and the driver call (ctypes releases the
@@ -40,7 +39,6 @@ __all__ = ["ArrayParam", "ScalarParam", "LaunchPlan", "LaunchError", "compile_ke
            "raise_dynamic_smem_limit", "current_device", "stream_is_capturing", "memset32_async",
            "output_clearer"]
 
-_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 _CU_LAUNCH_PARAM_END, _CU_LAUNCH_PARAM_BUFFER_POINTER, _CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -88,16 +86,14 @@ _DRIVER = {}
 
 
 def _driver():
-    """libcuda's launch entry points through ctypes, loaded once. ``launch`` / ``launch_ex``
-    are second handles of cuLaunchKernel / cuLaunchKernelEx without declared argument types:
-    a plan passes them ready-made ctypes values, which ctypes forwards without converting."""
+    """libcuda's launch entry points through ctypes, loaded once. ``launch`` is a second
+    handle of cuLaunchKernel without declared argument types: a plan passes it ready-made
+    ctypes values, which ctypes forwards without converting."""
     if not _DRIVER:
         lib = ctypes.CDLL("libcuda.so.1")
         vp, u32 = ctypes.c_void_p, ctypes.c_uint
         lib.cuLaunchKernel.argtypes = [vp, u32, u32, u32, u32, u32, u32, u32, vp, vp, vp]
         lib.cuLaunchKernel.restype = ctypes.c_int
-        lib.cuLaunchKernelEx.argtypes = [vp, vp, vp, vp]
-        lib.cuLaunchKernelEx.restype = ctypes.c_int
         lib.cuCtxGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
         lib.cuCtxGetDevice.restype = ctypes.c_int
         lib.cuStreamIsCapturing.argtypes = [vp, ctypes.POINTER(ctypes.c_int)]
@@ -108,10 +104,10 @@ def _driver():
         lib.cuMemsetD2D32Async.argtypes = [ctypes.c_uint64, size, u32, size, size, vp]
         lib.cuMemsetD2D32Async.restype = ctypes.c_int
         untyped = ctypes.CDLL("libcuda.so.1")
-        launch, launch_ex = untyped.cuLaunchKernel, untyped.cuLaunchKernelEx
-        launch.restype = launch_ex.restype = ctypes.c_int
+        launch = untyped.cuLaunchKernel
+        launch.restype = ctypes.c_int
         _DRIVER.update(lib=lib, device=ctypes.c_int(), capturing=ctypes.c_int(), launch=launch,
-                       launch_ex=launch_ex, memset32=lib.cuMemsetD32Async,
+                       memset32=lib.cuMemsetD32Async,
                        memset2d32=lib.cuMemsetD2D32Async, function=_context_function,
                        param_layout=_param_layout)
     return _DRIVER
@@ -250,18 +246,6 @@ def output_clearer(out_nbytes: int, lse_nbytes: int = 0, lse_itemsize: int = 4):
     return clear
 
 
-class _LaunchAttribute(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
-                ("rest", ctypes.c_char * 60)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
-                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
-                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
-
-
 _LOADED: dict = {}       # (id(dispatcher), signature, cc) -> images.LoadedKernel
 
 
@@ -327,11 +311,10 @@ class LaunchPlan:
 
     ``cufunc``: ``compile_kernel``'s result; ``params``: ArrayParam / ScalarParam in kernel
     order (the ArrayParams with ``ptr`` None are the caller's, filled per call in their order);
-    ``pdl``: launch with programmatic stream serialization (sm_90+); ``keep``: objects the
-    fixed pointers belong to, kept alive with the plan.
+    ``keep``: objects the fixed pointers belong to, kept alive with the plan.
     """
 
-    def __init__(self, cufunc, params, grid, block, smem=0, pdl=False, keep=()):
+    def __init__(self, cufunc, params, grid, block, smem=0, keep=()):
         driver = _driver()
         sized_bits, pointer_params = _flat_values(params)
         self.func = driver["function"](cufunc.handle)
@@ -341,22 +324,14 @@ class LaunchPlan:
         self.cufunc, self.keep = cufunc, keep
         grid = (grid,) if isinstance(grid, int) else grid
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-        self.block, self.smem, self.pdl = int(block), int(smem), pdl
+        self.block, self.smem = int(block), int(smem)
         self._lock = threading.Lock()
         # The call's constant arguments as ctypes values, bound once: per call only the
         # stream changes (cuLaunchKernel's argument conversion was a third of a call's time).
-        if pdl:
-            self._attr = _LaunchAttribute(
-                id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-            self._config = _LaunchConfig(*self.grid, self.block, 1, 1, self.smem, None,
-                                         ctypes.pointer(self._attr), 1)
-            self._call = functools.partial(driver["launch_ex"], ctypes.byref(self._config),
-                                           ctypes.c_void_p(self.func), None, self._extra)
-        else:
-            self._stream = ctypes.c_void_p(0)       # the one argument a call changes
-            dims = (ctypes.c_uint(n) for n in (*self.grid, self.block, 1, 1, self.smem))
-            self._call = functools.partial(driver["launch"], ctypes.c_void_p(self.func), *dims,
-                                           self._stream, None, self._extra)
+        self._stream = ctypes.c_void_p(0)       # the one argument a call changes
+        dims = (ctypes.c_uint(n) for n in (*self.grid, self.block, 1, 1, self.smem))
+        self._call = functools.partial(driver["launch"], ctypes.c_void_p(self.func), *dims,
+                                       self._stream, None, self._extra)
 
     def launch(self, pointers, stream: int):
         """Launch on the stream of raw handle ``stream`` with the caller arrays' data
@@ -365,10 +340,7 @@ class LaunchPlan:
         with self._lock:
             for slot, ptr in zip(self.slots, pointers):
                 values[slot] = ptr
-            if self.pdl:
-                self._config.stream = stream
-            else:
-                self._stream.value = stream
+            self._stream.value = stream
             err = self._call()
         if err:
             raise LaunchError(f"cuLaunchKernel failed with CUresult {err} (grid {self.grid}, "

@@ -15,7 +15,6 @@ stand-in for Numba's CUDA simulator so that kernel source is the same on both.
 * ``wgmma``: Hopper warpgroup matrix products, shared-memory descriptors and addresses.
 * ``smem``: vectorised shared-memory loads, 2-D views of dynamic shared memory.
 * ``vector``: 16-byte read-only global loads, 16-bit -> float32 unpacking.
-* ``grid``: programmatic dependent launch (griddepcontrol).
 * ``atomics``: vector reductions into global memory (``red.global.add.v2.f32``).
 * ``mbarrier``: Hopper shared-memory barriers with phases (warp-specialised kernels).
 
@@ -34,7 +33,6 @@ from .wgmma import (cp_async4_to, cp_async16_to, cp_async16_at_address, fence_pr
                     global_address, lds_i32x2, shared_addr, sts32, sw128_desc, wgmma_commit,
                     wgmma_fence, wgmma_hold, wgmma_rs, wgmma_ss, wgmma_ss_mn, wgmma_wait)
 from .smem import lds16, shared_view
-from .grid import grid_dependency_wait, grid_launch_dependents
 from .vector import ld_v4, unpack16, unpack_bf16, unpack_f16
 from .mma_exact import (mma_f64, mma_f64_k16, mma_f64_k16_884, mma_tf32, split_tf32,
                         split_tf32_fast)
