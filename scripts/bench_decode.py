@@ -331,12 +331,14 @@ def _kernel_report():
              "lse")
     for config, kern in list(decode_fma._KERNELS.items()) + list(dec._MMA_KERNELS.items()):
         try:
-            regs, local, shared = (next(iter(x.values())) if isinstance(x, dict) else x
+            regs, local, shared = (next(iter(x.values()), "-") if isinstance(x, dict) else x
                                    for x in (kern.get_regs_per_thread(),
                                              kern.get_local_mem_per_thread(),
                                              kern.get_shared_mem_per_block()))
         except Exception as exc:  # noqa: BLE001 - API differences between numba-cuda versions
             regs = local = shared = repr(exc)[:60]
+        if regs == "-":     # loaded from its image (launch/images.py): no dispatcher record
+            regs = local = shared = "- (loaded image; scripts/kernel_resources.py)"
         desc = " ".join(f"{n}={int(c)}" for n, c in zip(names, config)) \
             if len(config) == len(names) else f"mma {config}"
         print(f"kernel {desc}: regs {regs} local {local} shared {shared}")
