@@ -172,8 +172,13 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 sys.path.insert(0, "scripts")
 import kernel_resources as kr
 from numba_flash.cuda.kernels.forward_dmma import make_dmma_kernel
-for d in (64, 128):
-    r = kr.report(make_dmma_kernel(d, False, True, False, False, True).py_func,
+# (head_dim, has_left, has_right, has_sinks, varlen): causal, and builds that spilled before
+# the row-wise copies (window + sinks; causal packed batches)
+for d, left, right, sinks, varlen in ((64, False, True, False, False),
+                                      (128, False, True, False, False),
+                                      (64, True, True, True, False), (128, True, True, True, False),
+                                      (96, False, True, False, True)):
+    r = kr.report(make_dmma_kernel(d, left, right, sinks, False, True, varlen=varlen).py_func,
                   kr.forward_signature(False, True))
     print(d, r["sass"].count("DMMA.16x8x16"), r["sass"].count("DMMA.8x8x4"), r["n_ldl"],
           r["spill_stores"])
@@ -184,10 +189,10 @@ def test_offline_sass_is_dmma_without_local_memory():
     """Every product is one DMMA.16x8x16 (sm_90's m16n8k16 float64), none an m8n8k4, with no
     local memory at the default tilings. Needs the offline CUDA tools (skipped in CI)."""
     lines = run_offline(_OFFLINE)
-    assert len(lines) == 2, lines
+    assert len(lines) == 5, lines
     for line in lines:
         d, n_k16, n_884, n_ldl, spills = (int(x) for x in line.split())
-        # head_dim 64: 16 products for S and 16 for P V per 32-key tile, all unrolled; at 128
+        # head_dim 64: 16 products for S and 16 for P V per 32-key tile, all unrolled; beyond,
         # ptxas keeps S's k-step loop partly rolled
         assert (n_k16 == 32 if d == 64 else n_k16 >= 16), line
         assert n_884 == 0 and n_ldl == 0 and spills == 0, line

@@ -11,14 +11,18 @@ through the shapes sm_90 added), or the same product as eight m8n8k4 DMMAs befor
 A warp owns 16 query rows (one m-tile), a block ``geo.warps`` warps (``dmma_geometry``). Q's A
 fragments (``a[2j + h] = Q[g + 8h, kk*16 + t + 4j]``) sit in registers up to head_dim 32 and in
 shared memory beyond; K and V tiles of ``BN`` keys go to dynamic shared memory by cp.async (with
-two stages the next tile's copy runs during this one's products). Per tile: S = Q K^T (B
-fragment ``K[n*8 + g, kk*16 + t + 4j]``), the online softmax on the accumulator fragment (lane
-(g, t): rows g and g + 8, keys 2t, 2t + 1 of each 8-key n-tile; a row's 4 lanes combine by
-shuffles), then O = alpha O + P V straight from the registers: the A fragment of a 16-key
-k-step wants keys t + 4j of a lane's rows, the accumulator holds keys 2t, 2t + 1, 2t + 8,
-2t + 9, so P V runs over the keys in the order ``pi(t + 4j) = 2t, 2t + 1, 2t + 8, 2t + 9`` and
-V's B fragment reads rows ``pi(t + 4j)`` (a sum over keys does not care about their order; no
-shared staging of P).
+two stages the next tile's copy runs during this one's products). Each thread copies 16-byte
+chunks of one key row per pass (``copy_kv_rows``: 32-bit shared addresses, byte offsets from
+the arrays' strides), so the key loop keeps two 64-bit source offsets for the copies and no
+per-copy index arithmetic. Per tile: S = Q K^T (B fragment ``K[n*8 + g, kk*16 + t +
+4j]``), the online softmax on the accumulator fragment (lane (g, t): rows g and g + 8, keys
+2t, 2t + 1 of each 8-key n-tile; a row's 4 lanes combine by shuffles), then O = alpha O + P V
+straight from the registers, each 16-key k-step's P = exp(S - max) computed just before its
+products (all of a tile's exponentials at once held too many registers at head_dim 64): the A
+fragment of a 16-key k-step wants keys t + 4j of a lane's rows, the accumulator holds keys
+2t, 2t + 1, 2t + 8, 2t + 9, so P V runs over the keys in the order ``pi(t + 4j) = 2t, 2t + 1,
+2t + 8, 2t + 9`` and V's B fragment reads rows ``pi(t + 4j)`` (a sum over keys does not care
+about their order; no shared staging of P).
 
 Shared rows are padded so that the fragment loads of a half-warp (8-byte words: 16 lanes per
 pass) touch distinct banks: K and Q by 4 doubles (rows g, columns t: word 2(g (D + 4) + t) =
@@ -38,14 +42,14 @@ from typing import NamedTuple
 from numba import cuda
 from numba.cuda import types
 
-from ..primitives import cp_async_wait_all, mma_f64_k16, mma_f64_k16_884, shared_view
+from ..primitives import (cp_async16_flat, cp_async_commit, cp_async_wait_all, mma_f64_k16,
+                          mma_f64_k16_884, shared_view)
 from ..primitives.base import inlined
 from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
 from .sequences import clear_unowned_rows, packed_sequence
 from .schedule import group_keys, query_tile_of_block
-from .tile_ops import (copy_kv_tile, exponentiate_rows, load_kv_tile, masked_score,
-                       store_q_rows)
+from .tile_ops import masked_score, row_maxima, row_sum, store_q_rows
 
 __all__ = ["make_dmma_kernel", "dmma_supported", "dmma_geometry", "dmma_smem_bytes",
            "DmmaGeometry"]
@@ -138,11 +142,21 @@ def scores(s, qf, qs, ks, q_smem, native, r, g, t, k_steps, n_tiles):
 
 
 @inlined
-def add_pv(o, s, vs, native, g, t, k_steps, n_tiles):
-    """O += P V with P in the score accumulator ``s`` (keys in the order pi of the module
-    docstring); ``o[4n .. 4n + 3]`` the accumulator of head-dim n-tile ``n``."""
+def add_pv(o, s, vs, mu0, mu1, native, g, t, k_steps, n_tiles):
+    """O += P V with P = exp(S - mu) (row maxima ``mu0`` / ``mu1``) in place of the scores in
+    ``s``, each 16-key k-step's P just before its products (keys in the order pi of the module
+    docstring); ``o[4n .. 4n + 3]`` the accumulator of head-dim n-tile ``n``. Returns this
+    lane's part of the rows' sums of P."""
+    rs0 = rs1 = 0.0
     for kp in range(k_steps):
         i, j = 8 * kp, 8 * kp + 4       # the 8-key n-tiles 2 kp, 2 kp + 1 of S
+        for e in range(i, i + 8):
+            p = math.exp(s[e] - (mu0 if e % 4 < 2 else mu1))
+            s[e] = p
+            if e % 4 < 2:
+                rs0 += p
+            else:
+                rs1 += p
         key = kp * 16 + 2 * t
         for n in range(n_tiles):
             col = n * 8 + g
@@ -150,6 +164,7 @@ def add_pv(o, s, vs, native, g, t, k_steps, n_tiles):
                 native, s[i], s[i + 2], s[i + 1], s[i + 3], s[j], s[j + 2], s[j + 1], s[j + 3],
                 vs[key, col], vs[key + 1, col], vs[key + 8, col], vs[key + 9, col],
                 o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3])
+    return rs0, rs1
 
 
 @inlined
@@ -161,16 +176,37 @@ def kv_stage(dyn, q_words, stage, block_n, k_row, v_row):
 
 
 @inlined
-def softmax_step(s, o, m0, m1, l0, l1, k0, qpos0, t, seqlen_k, scale, cap_in, cap_out,
-                 window_left, window_right, sinks, has_softcap, has_left, has_right, has_sinks,
-                 n_tiles, d_tiles):
-    """The online softmax of one tile of scores ``s`` (keys from ``k0``; a lane's rows at query
-    positions ``qpos0``, ``qpos0 + 8``): mask and scale, the rows' new maxima, P in place of S,
-    ``o`` rescaled; returns the rows' running max and sum ``(m0, m1, l0, l1)``."""
+def copy_kv_rows(dyn, k_dst, v_dst, k, v, k_src, v_src, k_step, v_step, row, k_end, k_row,
+                 v_row, tpl, rpp, passes, nseg):
+    """Start this thread's cp.async copies of one K / V tile, committed as one group: array rows
+    ``row + rpp ps`` (``ps < passes``; zeros at or past ``k_end``), in each ``nseg`` 16-byte
+    chunks ``tpl`` apart, from the byte offsets ``k_src`` / ``v_src`` of the thread's first
+    chunk in row 0 (``k_step`` / ``v_step`` bytes per row) to the words ``k_dst`` / ``v_dst``
+    of ``dyn`` (``k_row`` / ``v_row`` per shared row)."""
+    for ps in range(passes):
+        r = row + ps * rpp
+        ok = r < k_end
+        n = 16 if ok else 0
+        r = r if ok else 0
+        for sg in range(nseg):
+            c = 2 * tpl * sg
+            cp_async16_flat(dyn, k_dst + ps * rpp * k_row + c, k, k_src + r * k_step + 8 * c, n)
+            cp_async16_flat(dyn, v_dst + ps * rpp * v_row + c, v, v_src + r * v_step + 8 * c, n)
+    cp_async_commit()
+
+
+@inlined
+def softmax_step(s, o, m0, m1, base, qpos0, seqlen_k, scale, cap_in, cap_out, window_left,
+                 window_right, sinks, has_softcap, has_left, has_right, has_sinks, n_tiles,
+                 d_tiles):
+    """The online softmax's first half on one tile of scores ``s`` (a lane's keys ``base +
+    n*8 + c``, c = 0, 1; its rows at query positions ``qpos0``, ``qpos0 + 8``): mask and scale
+    in place, the rows' new maxima, ``o`` rescaled; returns ``row_maxima``'s six values (P
+    follows in ``add_pv``)."""
     mx0 = mx1 = NEG_INF
     for n in range(n_tiles):             # scale, softcap, mask; each row's max
         for e in range(4):
-            x = masked_score(s[4 * n + e], k0 + n * 8 + 2 * t + (e & 1), qpos0 + 8 * (e >> 1),
+            x = masked_score(s[4 * n + e], base + n * 8 + (e & 1), qpos0 + 8 * (e >> 1),
                              seqlen_k, scale, cap_in, cap_out, has_softcap, has_left, has_right,
                              has_sinks, window_left, window_right, sinks, NEG_INF)
             s[4 * n + e] = x
@@ -178,13 +214,13 @@ def softmax_step(s, o, m0, m1, l0, l1, k0, qpos0, t, seqlen_k, scale, cap_in, ca
                 mx0 = max(mx0, x)
             else:
                 mx1 = max(mx1, x)
-    n0, n1, alpha0, alpha1, rs0, rs1 = exponentiate_rows(s, m0, m1, mx0, mx1, n_tiles, 0.0)
+    n0, n1, mu0, mu1, alpha0, alpha1 = row_maxima(m0, m1, mx0, mx1, 0.0)
     for n in range(d_tiles):
         o[4 * n] *= alpha0
         o[4 * n + 1] *= alpha0
         o[4 * n + 2] *= alpha1
         o[4 * n + 3] *= alpha1
-    return n0, n1, l0 * alpha0 + rs0, l1 * alpha1 + rs1
+    return n0, n1, mu0, mu1, alpha0, alpha1
 
 
 @inlined
@@ -238,8 +274,12 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
     NS, KP = BN // 8, BN // 16           # n-tiles of S; k-steps of P V
     DK, DV, Q_WORDS, _ = _smem_words(D, geo)
     CPR = D // 2                         # 16-byte copies per K / V row
-    COPIES = BN * CPR // NT              # per thread and tile, for K and again for V
-    if BN % 16 or (BN * CPR) % NT or STAGES not in (1, 2) or WARPS < 1:
+    TPL = max(1, NT // BN)               # threads per row of a tile's copy, RPP rows per pass
+    RPP = NT // TPL
+    PASSES, NSEG = BN // RPP, CPR // TPL
+    STAGE_WORDS = BN * (DK + DV)
+    if (BN % 16 or RPP * PASSES != BN or TPL * RPP != NT or CPR % TPL or STAGES not in (1, 2)
+            or WARPS < 1):
         raise ValueError(f"the tiling {tuple(geo)} is not one the kernel takes (keys per tile a "
                          f"multiple of 16 whose copies split evenly over the threads; 1 or 2 "
                          f"stages)")
@@ -290,9 +330,15 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             sinks)
         tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
         k_end = k_off + seqlen_k         # the copies' bound, in the arrays' rows
+        cp_row, cp_part = tid // TPL, tid % TPL
+        k_dst = Q_WORDS + cp_row * DK + 2 * cp_part         # the thread's first copy, stage 0
+        v_dst = Q_WORDS + BN * DK + cp_row * DV + 2 * cp_part
+        k_src = ab * k.strides[0] + hk * k.strides[2] + 16 * cp_part     # bytes
+        v_src = ab * v.strides[0] + hk * v.strides[2] + 16 * cp_part
+        k_step, v_step = k.strides[1], v.strides[1]
         if STAGES == 2 and tile <= last:
-            ks, vs = kv_stage(dyn, Q_WORDS, 0, BN, DK, DV)
-            copy_kv_tile(ks, vs, k, v, ab, hk, k_off + tile * BN, k_end, tid, NT, COPIES, CPR, 2)
+            copy_kv_rows(dyn, k_dst, v_dst, k, v, k_src, v_src, k_step, v_step,
+                         k_off + tile * BN + cp_row, k_end, DK, DV, TPL, RPP, PASSES, NSEG)
         stage = 0
         while tile <= last:
             k0 = tile * BN
@@ -302,18 +348,25 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
                 cp_async_wait_all()
                 cuda.syncthreads()       # this tile landed; every warp is done with the other
                 if nxt <= last:
-                    ks2, vs2 = kv_stage(dyn, Q_WORDS, 1 - stage, BN, DK, DV)
-                    copy_kv_tile(ks2, vs2, k, v, ab, hk, k_off + nxt * BN, k_end, tid, NT,
-                                 COPIES, CPR, 2)
+                    other = (1 - stage) * STAGE_WORDS
+                    copy_kv_rows(dyn, k_dst + other, v_dst + other, k, v, k_src, v_src, k_step,
+                                 v_step, k_off + nxt * BN + cp_row, k_end, DK, DV, TPL, RPP,
+                                 PASSES, NSEG)
                 stage = 1 - stage
             else:
-                load_kv_tile(ks, vs, k, v, ab, hk, k_off + k0, k_end, tid, NT, COPIES, CPR, 2)
+                cuda.syncthreads()       # every warp is done with the previous tile
+                copy_kv_rows(dyn, k_dst, v_dst, k, v, k_src, v_src, k_step, v_step,
+                             k_off + k0 + cp_row, k_end, DK, DV, TPL, RPP, PASSES, NSEG)
+                cp_async_wait_all()
+                cuda.syncthreads()
             scores(s, qf, qs, ks, Q_SMEM, NATIVE, warp * 16 + g, g, t, KS, NS)
-            m0, m1, l0, l1 = softmax_step(
-                s, o, m0, m1, l0, l1, k0, row0 + shift, t, seqlen_k, scale, cap_in, cap_out,
+            m0, m1, mu0, mu1, alpha0, alpha1 = softmax_step(
+                s, o, m0, m1, k0 + 2 * t, row0 + shift, seqlen_k, scale, cap_in, cap_out,
                 window_left, window_right, sinks, has_softcap, has_left, has_right, has_sinks,
                 NS, ND)
-            add_pv(o, s, vs, NATIVE, g, t, KP, ND)
+            rs0, rs1 = add_pv(o, s, vs, mu0, mu1, NATIVE, g, t, KP, ND)
+            l0 = l0 * alpha0 + row_sum(rs0)
+            l1 = l1 * alpha1 + row_sum(rs1)
             tile = nxt
         store_rows(out, lse, o, m0, m1, l0, l1, ab, q_off, h, row0, seqlen_q, t, write_lse, ND)
 

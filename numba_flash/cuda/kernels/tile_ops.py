@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda
-
-from ..primitives import cp_async16, cp_async_commit, cp_async_wait_all, shfl_xor
+from ..primitives import cp_async16, cp_async_commit, shfl_xor
 from ..primitives.base import inlined
 
-__all__ = ["copy_kv_tile", "load_kv_tile", "masked_score", "row_max", "row_sum",
-           "store_q_rows", "window_visible"]
+__all__ = ["copy_kv_tile", "masked_score", "row_max", "row_maxima", "row_sum", "store_q_rows",
+           "window_visible"]
 
 
 @inlined
@@ -30,16 +28,6 @@ def copy_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_ro
         cp_async16(ks, r, col, k, b, src, hk, col, 16 if ok else 0)
         cp_async16(vs, r, col, v, b, src, hk, col, 16 if ok else 0)
     cp_async_commit()
-
-
-@inlined
-def load_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_row, per_copy):
-    """``copy_kv_tile`` between two barriers (every warp is done with the previous tiles before
-    the copy; returns when every copy of the block has landed)."""
-    cuda.syncthreads()
-    copy_kv_tile(ks, vs, k, v, b, hk, k0, seqlen_k, tid, threads, copies, per_row, per_copy)
-    cp_async_wait_all()
-    cuda.syncthreads()
 
 
 @inlined
@@ -100,6 +88,19 @@ def row_sum(x):
 
 
 @inlined
+def row_maxima(m0, m1, mx0, mx1, zero):
+    """The rows' new maxima of an online softmax on an mma accumulator tile (a lane's rows g
+    and g + 8) from the running ``m0`` / ``m1`` and this lane's tile maxima ``mx0`` / ``mx1``:
+    ``(n0, n1, mu0, mu1, alpha0, alpha1)``, ``mu`` what the exponents subtract (``zero`` for a
+    row that saw no key, whose max stays -inf) and ``alpha = exp(old - new)`` the factors for
+    the running state."""
+    n0, n1 = max(m0, row_max(mx0)), max(m1, row_max(mx1))
+    mu0 = n0 if n0 != -math.inf else zero
+    mu1 = n1 if n1 != -math.inf else zero
+    return n0, n1, mu0, mu1, math.exp(m0 - mu0), math.exp(m1 - mu1)
+
+
+@inlined
 def exponentiate_rows(s, m0, m1, mx0, mx1, n_tiles, zero):
     """The exponential step of an online softmax on an mma accumulator tile ``s`` (``n_tiles``
     8-column n-tiles; a lane's rows g and g + 8): the rows' new maxima from the running
@@ -107,10 +108,7 @@ def exponentiate_rows(s, m0, m1, mx0, mx1, n_tiles, zero):
     ``s`` (a row that saw no key keeps max -inf and subtracts ``zero``). Returns the new maxima,
     the factors ``exp(old - new)`` for the running state and the rows' sums over the tile:
     ``(n0, n1, alpha0, alpha1, sum0, sum1)``."""
-    n0, n1 = max(m0, row_max(mx0)), max(m1, row_max(mx1))
-    mu0 = n0 if n0 != -math.inf else zero
-    mu1 = n1 if n1 != -math.inf else zero
-    alpha0, alpha1 = math.exp(m0 - mu0), math.exp(m1 - mu1)
+    n0, n1, mu0, mu1, alpha0, alpha1 = row_maxima(m0, m1, mx0, mx1, zero)
     rs0 = rs1 = zero
     for n in range(n_tiles):
         for e in range(4):

@@ -22,8 +22,8 @@ Kernels import the names from here: ``from ..primitives import mma16, ldmatrix_x
 """
 from .base import SIMULATOR
 from .cache_hints import cp_async16_hint, cp_async16_maybe_hint, evict_first_policy
-from .cp_async import (cp_async16, cp_async16_at, cp_async_commit, cp_async_wait_1,
-                       cp_async_wait_2, cp_async_wait_3, cp_async_wait_all)
+from .cp_async import (cp_async16, cp_async16_at, cp_async16_flat, cp_async_commit,
+                       cp_async_wait_1, cp_async_wait_2, cp_async_wait_3, cp_async_wait_all)
 from .fastmath import exp2
 from .ldmatrix import ldmatrix_x4, ldmatrix_x4_a32, ldmatrix_x4_trans, ldmatrix_x4_trans_a32
 from .mma import mma16, mma_bf16, mma_f16, pack16, pack_bf16, pack_f16

@@ -3,22 +3,36 @@ group commit / wait instructions of a multi-stage pipeline.
 
 ``cp_async16`` copies 16 bytes (zero-filled when ``src_bytes`` is 0) from an indexed element,
 ``cp_async16_at`` from an element offset the caller computed from the strides (no per-copy
-index arithmetic). In the simulator the copy happens at once and the waits are no-ops.
+index arithmetic), ``cp_async16_flat`` from a byte offset (the strides are in bytes, so a
+kernel parameter's stride multiplies as it is) to an element of a 1-D (dynamic) shared array,
+addressed in 32 bits. In the simulator the copy happens at once and
+the waits are no-ops.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .base import SIMULATOR, TO_SHARED, bare_asm_intrinsic, item_pointer_i64, offset_pointer_i64
+from .base import (SIMULATOR, TO_SHARED, bare_asm_intrinsic, item_pointer_i64, offset_pointer_i64,
+                   shared_address_i32)
 
-__all__ = ["cp_async16", "cp_async16_at", "cp_async_commit", "cp_async_wait_all",
-           "cp_async_wait_1", "cp_async_wait_2", "cp_async_wait_3"]
+__all__ = ["cp_async16", "cp_async16_at", "cp_async16_flat", "cp_async_commit",
+           "cp_async_wait_all", "cp_async_wait_1", "cp_async_wait_2", "cp_async_wait_3"]
 
 if not SIMULATOR:
     from llvmlite import ir
     from numba import cuda
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
+
+    def emit_cp_async16(builder, saddr, gaddr, src_bytes):
+        """Emit one 16-byte ``cp.async.cg`` from global address ``gaddr`` (i64) to shared
+        address ``saddr`` (i32), zero-filled past ``src_bytes`` (i32) bytes, inside an
+        intrinsic's codegen."""
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i32, ir.IntType(64), i32])
+        asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;",
+                           "r,l,r,~{memory}", side_effect=True)
+        builder.call(asm, [saddr, gaddr, src_bytes])
 
     @intrinsic
     def cp_async16(typingctx, dst, di, dj, src, s0, s1, s2, s3, src_bytes):
@@ -57,6 +71,25 @@ if not SIMULATOR:
 
         return sig, codegen
 
+    @intrinsic
+    def cp_async16_flat(typingctx, dst, dst_word, src, src_byte, src_bytes):
+        """16 bytes from ``src``'s first element + ``src_byte`` bytes (global, any strides: the
+        caller computed the offset) to element ``dst_word`` of the 1-D shared array ``dst`` (a
+        32-bit shared address: a constant part of ``dst_word`` folds into the instruction's
+        immediate); zero-filled when ``src_bytes`` is 0."""
+        sig = types.void(dst, dst_word, src, src_byte, src_bytes)
+
+        def codegen(context, builder, sig, args):
+            d = shared_address_i32(context, builder, sig.args[0], args[0], sig.args[1:2],
+                                   args[1:2])
+            data = context.make_array(sig.args[2])(context, builder, args[2]).data
+            g = builder.add(builder.ptrtoint(data, ir.IntType(64)),
+                            context.cast(builder, args[3], sig.args[3], types.int64))
+            emit_cp_async16(builder, d, g, context.cast(builder, args[4], sig.args[4], types.int32))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     cp_async_commit = bare_asm_intrinsic("cp.async.commit_group;")
     cp_async_wait_all = bare_asm_intrinsic("cp.async.wait_group 0;")
     cp_async_wait_1 = bare_asm_intrinsic("cp.async.wait_group 1;")
@@ -70,13 +103,27 @@ else:
         for e in range(16 // dst.dtype.itemsize):
             dst[di, dj + e] = src[s0, s1, s2, s3 + e] if src_bytes else 0
 
-    def cp_async16_at(dst, di, dj, src, word_offset, src_bytes):
-        """Copy 4 elements at ``word_offset`` elements past ``src``'s first one (any strides)."""
+    def _words_at(src, word_offset, count):
+        """``count`` elements from ``word_offset`` elements past ``src``'s first one (any
+        strides)."""
         a = np.asarray(getattr(src, "_ary", src))
         off = int(word_offset)
-        flat = np.lib.stride_tricks.as_strided(a, shape=(off + 4,), strides=(a.itemsize,))
+        flat = np.lib.stride_tricks.as_strided(a, shape=(off + count,), strides=(a.itemsize,))
+        return flat[off:off + count]
+
+    def cp_async16_at(dst, di, dj, src, word_offset, src_bytes):
+        """Copy 4 elements at ``word_offset`` elements past ``src``'s first one (any strides)."""
+        words = _words_at(src, word_offset, 4)
         for e in range(4):
-            dst[di, dj + e] = flat[off + e] if src_bytes else 0
+            dst[di, dj + e] = words[e] if src_bytes else 0
+
+    def cp_async16_flat(dst, dst_word, src, src_byte, src_bytes):
+        """Copy 16 bytes at ``src_byte`` bytes past ``src``'s first element (any strides) to
+        ``dst[dst_word:]`` (a 1-D shared array; zeros if src_bytes is 0)."""
+        n = 16 // dst.dtype.itemsize
+        words = _words_at(src, src_byte // dst.dtype.itemsize, n)
+        for e in range(n):
+            dst[dst_word + e] = words[e] if src_bytes else 0
 
     def cp_async_commit():
         """Close the current group of asynchronous copies (a no-op in the simulator)."""

@@ -49,6 +49,7 @@ if not SIMULATOR:
     from numba.cuda.extending import intrinsic
 
     from .base import bare_asm_intrinsic, item_pointer_i64, u32_asm_intrinsic
+    from .cp_async import emit_cp_async16
 
     _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
@@ -94,11 +95,7 @@ if not SIMULATOR:
         def codegen(context, builder, sig, args):
             d = context.cast(builder, args[0], sig.args[0], types.uint32)
             g = item_pointer_i64(context, builder, sig.args[1], args[1], sig.args[2:6], args[2:6])
-            n = context.cast(builder, args[6], sig.args[6], types.int32)
-            fnty = ir.FunctionType(ir.VoidType(), [_I32, _I64, _I32])
-            asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;",
-                               "r,l,r,~{memory}", side_effect=True)
-            builder.call(asm, [d, g, n])
+            emit_cp_async16(builder, d, g, context.cast(builder, args[6], sig.args[6], types.int32))
             return context.get_dummy_value()
 
         return sig, codegen
