@@ -14,7 +14,9 @@ backward_ab.py) leave the spread
 between processes on the lent GPUs (5-25 %) in every comparison; here both trees share the
 process, its clocks and its memory, and each round times base and new back to back (the order
 rotated every round). Case ``<f|b><head_dim><f|c>[@N]``: forward, or backward alone, fp16
-(4, N, 16, D) (N 4096 unless given; B 2 at head_dim 256), full or causal. Prints per case and
+(4, N, 16, D) (N 4096 unless given; B 2 at head_dim 256), full or causal; ``x<head_dim><f|c|w|s>
+[@N]``: the float64 forward on the DMMA kernel (``precision="tensor_cores"``, (4, N, 16, D), N 2048
+unless given), full, causal, a causal 512-key window (``w``) or that window with 4 sinks (``s``). Prints per case and
 tree the median over rounds of tree / base (the medians of ``--reps`` calls between CUDA
 events, bench_masks.timed) and its range.
 """
@@ -37,8 +39,11 @@ def _case(spec, pkg, torch):
     """The call of case ``spec`` on package ``pkg``."""
     spec, _, n = spec.partition("@")
     kind, d, causal = spec[0], int(spec[1:-1]), spec[-1] == "c"
+    if kind == "x" and spec[-1] in "fcws":
+        return _exact_case(spec[-1], d, int(n or 2048), pkg, torch)
     if kind not in "fb" or spec[-1] not in "fc":
-        raise ValueError(f"case must be <f|b><head_dim><f|c>[@N], got {spec!r}")
+        raise ValueError(f"case must be <f|b><head_dim><f|c>[@N] or x<head_dim><f|c|w|s>[@N], "
+                         f"got {spec!r}")
     b = 2 if d == 256 else 4
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, int(n or 4096), 16, d, device="cuda", dtype=torch.float16,
@@ -49,6 +54,19 @@ def _case(spec, pkg, torch):
     dout = torch.randn_like(q)
     out, lse = pkg.attention(q, k, v, causal=causal, return_lse=True)
     return lambda: pkg.attention_backward(dout, q, k, v, out, lse, causal=causal)
+
+
+def _exact_case(mask, d, n, pkg, torch):
+    """The float64 DMMA forward of case letter ``mask`` (f, c, w, s) at (4, n, 16, d)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(4, n, 16, d, device="cuda", dtype=torch.float64, generator=g)
+               for _ in range(3))
+    kw = dict(causal=mask != "f", precision="tensor_cores")
+    if mask in "ws":
+        kw["window_size"] = (512, 0)
+    if mask == "s":
+        kw["sinks"] = 4
+    return lambda: pkg.attention(q, k, v, **kw)
 
 
 def _own_runtime(name, pkg):

@@ -17,8 +17,9 @@ the arrays' strides), so the key loop keeps two 64-bit source offsets for the co
 per-copy index arithmetic. Per tile: S = Q K^T (B fragment ``K[n*8 + g, kk*16 + t +
 4j]``), the online softmax on the accumulator fragment (lane (g, t): rows g and g + 8, keys
 2t, 2t + 1 of each 8-key n-tile; a row's 4 lanes combine by shuffles), then O = alpha O + P V
-straight from the registers, each 16-key k-step's P = exp(S - max) computed just before its
-products (all of a tile's exponentials at once held too many registers at head_dim 64): the A
+straight from the registers, P = exp(S - max) computed for the whole tile first or for each
+16-key k-step just before its products (``dmma_exp_ahead``: the faster order where it does not
+spill): the A
 fragment of a 16-key k-step wants keys t + 4j of a lane's rows, the accumulator holds keys
 2t, 2t + 1, 2t + 8, 2t + 9, so P V runs over the keys in the order ``pi(t + 4j) = 2t, 2t + 1,
 2t + 8, 2t + 9`` and V's B fragment reads rows ``pi(t + 4j)`` (a sum over keys does not care
@@ -89,6 +90,15 @@ def dmma_geometry(head_dim: int, hopper: bool = True) -> DmmaGeometry:
     return DmmaGeometry(16, True, 8 if head_dim == 128 else 4, 1)
 
 
+def dmma_exp_ahead(head_dim: int, has_left: bool, has_sinks: bool) -> bool:
+    """Whether a tile's P is exponentiated whole before P V (else per 16-key k-step, just
+    before its products). H200 in-process A/B (2026-11-29, docs/perf-notes.md "DMMA on
+    m16n8k16"): per k-step 2-3 % slower at head_dim 64 full / causal, 3 % faster at 32, equal at
+    128; whole-tile exponentials at 64 with a left window or sinks hold 255 registers and spill
+    (offline), so those builds keep the per-k-step order."""
+    return head_dim == 64 and not (has_left or has_sinks)
+
+
 def _smem_words(head_dim: int, geo: DmmaGeometry) -> tuple[int, int, int, int]:
     """Shared row lengths of Q / K and of V, Q's doubles (0 when Q sits in registers) and one
     K / V stage's doubles, for ``head_dim`` under ``geo``."""
@@ -142,21 +152,34 @@ def scores(s, qf, qs, ks, q_smem, native, r, g, t, k_steps, n_tiles):
 
 
 @inlined
-def add_pv(o, s, vs, mu0, mu1, native, g, t, k_steps, n_tiles):
+def exp_scores(s, mu0, mu1, lo, hi, rs0, rs1):
+    """P = exp(S - mu) in place of the scores ``s[lo:hi]`` (row maxima ``mu0`` / ``mu1``: a
+    lane's rows g, g + 8 own elements 0, 1 / 2, 3 of each n-tile); returns the rows' partial
+    sums ``rs0`` / ``rs1`` with these P added."""
+    for e in range(lo, hi):
+        p = math.exp(s[e] - (mu0 if e % 4 < 2 else mu1))
+        s[e] = p
+        if e % 4 < 2:
+            rs0 += p
+        else:
+            rs1 += p
+    return rs0, rs1
+
+
+@inlined
+def add_pv(o, s, vs, mu0, mu1, exp_ahead, native, g, t, k_steps, n_tiles):
     """O += P V with P = exp(S - mu) (row maxima ``mu0`` / ``mu1``) in place of the scores in
-    ``s``, each 16-key k-step's P just before its products (keys in the order pi of the module
-    docstring); ``o[4n .. 4n + 3]`` the accumulator of head-dim n-tile ``n``. Returns this
-    lane's part of the rows' sums of P."""
+    ``s`` (keys in the order pi of the module docstring); ``o[4n .. 4n + 3]`` the accumulator
+    of head-dim n-tile ``n``. ``exp_ahead``: the whole tile's P first, else each 16-key k-step's
+    just before its products (``dmma_exp_ahead``). Returns this lane's part of the rows' sums
+    of P."""
     rs0 = rs1 = 0.0
+    if exp_ahead:
+        rs0, rs1 = exp_scores(s, mu0, mu1, 0, 8 * k_steps, rs0, rs1)
     for kp in range(k_steps):
         i, j = 8 * kp, 8 * kp + 4       # the 8-key n-tiles 2 kp, 2 kp + 1 of S
-        for e in range(i, i + 8):
-            p = math.exp(s[e] - (mu0 if e % 4 < 2 else mu1))
-            s[e] = p
-            if e % 4 < 2:
-                rs0 += p
-            else:
-                rs1 += p
+        if not exp_ahead:
+            rs0, rs1 = exp_scores(s, mu0, mu1, i, i + 8, rs0, rs1)
         key = kp * 16 + 2 * t
         for n in range(n_tiles):
             col = n * 8 + g
@@ -287,6 +310,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
     SN, ON = 4 * NS, 4 * ND
     f64 = types.float64
     VARLEN = bool(varlen)
+    EXP_AHEAD = dmma_exp_ahead(D, has_left, has_sinks)
     GROUP_KEYS = group_keys(16 * D, has_right, VARLEN)    # the grid's order (schedule.py)
 
     def kernel(q, k, v, out, lse, seqlen_q, seqlen_k, heads_ratio, scale, cap_in, cap_out,
@@ -364,7 +388,7 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
                 s, o, m0, m1, k0 + 2 * t, row0 + shift, seqlen_k, scale, cap_in, cap_out,
                 window_left, window_right, sinks, has_softcap, has_left, has_right, has_sinks,
                 NS, ND)
-            rs0, rs1 = add_pv(o, s, vs, mu0, mu1, NATIVE, g, t, KP, ND)
+            rs0, rs1 = add_pv(o, s, vs, mu0, mu1, EXP_AHEAD, NATIVE, g, t, KP, ND)
             l0 = l0 * alpha0 + row_sum(rs0)
             l1 = l1 * alpha1 + row_sum(rs1)
             tile = nxt
