@@ -158,7 +158,7 @@ def forward_signature(half: bool, f64: bool = False, layout: str = "C"):
               types.Array(types.float32, 2, "C"))
     elem = types.uint32 if half else (types.float64 if f64 else types.float32)
     fty = types.float64 if f64 else types.float32
-    arrays = [types.Array(elem, 4, layout)] * 4 + [types.Array(types.float32, 3, "C")]
+    arrays = [types.Array(elem, 4, layout)] * 4 + [types.Array(fty, 3, "C")]   # lse: as launched
     return types.void(*arrays, types.int64, types.int64, types.int64, fty, fty, fty,
                       types.int64, types.int64, types.int64, *unused)
 

@@ -4,8 +4,8 @@
     compute-sanitizer --tool racecheck --report-api-errors no python scripts/sanitize_decode.py
 
 Covers each decode kernel (tensor-core: direct and split with the merge folded in,
-contiguous and paged (sinks, a 6-row page), group 1, back-to-back launches on one stream
-(programmatic dependent launch where the launch policy takes it), ragged lengths 0 / 1, a draft
+contiguous and paged (sinks, a 6-row page), group 1, back-to-back launches on one stream,
+ragged lengths 0 / 1, a draft
 tree, a window with sinks; the CUDA-core kernel at head_dim 256 and forced through the runtime's
 ``kernel="fma"``), the merge kernel (merge_states on float32 GPU states), and poisoned indices
 that the kernels must clamp (cache_seqlens past the capacity or negative, block-table entries

@@ -13,8 +13,8 @@ launch/decode.py's plans (C-contiguous caller arrays, one strided-cache variant)
   (the folded merge's reduce-scatter depth 1 / 3 / 2 / 3; head_dim 96 has no fast copy);
   contiguous and paged caches (power-of-two pages of at least a tile, of half a tile, and
   any page size); direct and folded-merge splits; causal, window + sinks, softcap, draft
-  tree; with and without lse; tiles (32, 2, 1), (16, 3, 1), (16, 4, 1), (32, 3, 2); programmatic
-  dependent launch early and late; full lengths; the evict-first L2 hint.
+  tree; with and without lse; tiles (32, 2, 1), (16, 3, 1), (16, 4, 1), (32, 3, 2); full
+  lengths; the evict-first L2 hint.
 * CUDA-core kernel (``make_decode_kernel``): head_dim 256 / 128 / 64, 8 / 4 / 2 rows, direct
   and split, paged, the same masks.
 """

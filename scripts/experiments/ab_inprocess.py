@@ -14,9 +14,10 @@ backward_ab.py) leave the spread
 between processes on the lent GPUs (5-25 %) in every comparison; here both trees share the
 process, its clocks and its memory, and each round times base and new back to back (the order
 rotated every round). Case ``<f|b><head_dim><f|c>[@N]``: forward, or backward alone, fp16
-(4, N, 16, D) (N 4096 unless given; B 2 at head_dim 256), full or causal; ``x<head_dim><f|c|w|s>
-[@N]``: the float64 forward on the DMMA kernel (``precision="tensor_cores"``, (4, N, 16, D), N 2048
-unless given), full, causal, a causal 512-key window (``w``) or that window with 4 sinks (``s``). Prints per case and
+(4, N, 16, D) (N 4096 unless given; B 2 at head_dim 256), full or causal;
+``x<head_dim><f|c|w|s>[@N]``: the float64 forward on the DMMA kernel
+(``precision="tensor_cores"``, (4, N, 16, D), N 2048 unless given), full, causal, a causal
+512-key window (``w``) or that window with 4 sinks (``s``). Prints per case and
 tree the median over rounds of tree / base (the medians of ``--reps`` calls between CUDA
 events, bench_masks.timed) and its range.
 """

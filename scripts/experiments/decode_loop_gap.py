@@ -3,13 +3,14 @@ time with the queue pre-filled (a spin kernel first), wall time per call of a pl
 time per call, and the kernels' timeline in both modes from torch.profiler (each kernel's
 duration and the idle gap before it: negative when kernels overlap).
 
-    PYTHONPATH=scripts python scripts/experiments/decode_loop_gap.py [--shape B,Hq,Hkv,L,D] [--page N]
+    PYTHONPATH=scripts python scripts/experiments/decode_loop_gap.py [--shape B,Hq,Hkv,L,D] \
+        [--page N]
 
 ``--page N``: a paged cache of N-row pages. It found (H200, 2026-11-29,
 ``docs/data/decode_pdl_loops_h200_2026-11-29.txt``) that programmatic dependent launch, then on
 for several grids, cost up to 7 us per call in loops whose launches arrive while the previous
 call runs ((1, 64, 8, 32768, 64): 40.6 us against 33.9 with plain launches; pre-filled queue
-31.2 / 32.0), so decode launches plainly since (docs/decode.md "Launch").
+31.2 / 32.0), so decode launches plainly since (docs/decode.md "Plain launches").
 """
 from __future__ import annotations
 
@@ -72,7 +73,6 @@ def main():
             return numba_flash.decode(q, k, v)
         return numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table)
 
-    tag = "decode"
     gpu_us = gpu_time_ms(fn) * 1e3
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -88,8 +88,8 @@ def main():
     torch.cuda.synchronize()
     from numba_flash.cuda.launch.decode import LAST_PLAN
 
-    print(f"{tag} {args.shape} page {args.page} plan {LAST_PLAN}")
-    print(f"{tag} {args.shape}: gpu (queue pre-filled) {gpu_us:.1f} us, loop {loop_us:.1f} us, "
+    print(f"decode {args.shape} page {args.page} plan {LAST_PLAN}")
+    print(f"decode {args.shape}: gpu (queue pre-filled) {gpu_us:.1f} us, loop {loop_us:.1f} us, "
           f"host {host_us:.1f} us per call")
     for spin in (True, False):
         rows = _timeline(torch, fn, 60, spin)

@@ -43,8 +43,8 @@ from numba.cuda import types
 
 from ..primitives import (SIMULATOR, arrive_acq_rel, bcast0, cp_async16,
                           cp_async16_maybe_hint, cp_async_commit, cp_async_wait_1, cp_async_wait_2,
-                          cp_async_wait_3, evict_first_policy, exp2,
-                          ld2, ldmatrix_x4, ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, st2, syncwarp)
+                          cp_async_wait_3, evict_first_policy, exp2, ld2, ldmatrix_x4,
+                          ldmatrix_x4_trans, mma16, pack16, shfl_idx, shfl_xor, st2, syncwarp)
 from .decode_fma import tree_visible
 from .decode_split import cache_slot, split_keys
 from .jitcache import jit_kernel

@@ -18,8 +18,8 @@ per-copy index arithmetic. Per tile: S = Q K^T (B fragment ``K[n*8 + g, kk*16 + 
 4j]``), the online softmax on the accumulator fragment (lane (g, t): rows g and g + 8, keys
 2t, 2t + 1 of each 8-key n-tile; a row's 4 lanes combine by shuffles), then O = alpha O + P V
 straight from the registers, P = exp(S - max) computed for the whole tile first or for each
-16-key k-step just before its products (``dmma_exp_ahead``: the faster order where it does not
-spill): the A
+16-key k-step just before its products (``dmma_exp_ahead``: the faster order where it does
+not spill): the A
 fragment of a 16-key k-step wants keys t + 4j of a lane's rows, the accumulator holds keys
 2t, 2t + 1, 2t + 8, 2t + 9, so P V runs over the keys in the order ``pi(t + 4j) = 2t, 2t + 1,
 2t + 8, 2t + 9`` and V's B fragment reads rows ``pi(t + 4j)`` (a sum over keys does not care
@@ -53,7 +53,7 @@ from .schedule import group_keys, query_tile_of_block
 from .tile_ops import masked_score, row_maxima, row_sum, store_q_rows
 
 __all__ = ["make_dmma_kernel", "dmma_supported", "dmma_geometry", "dmma_smem_bytes",
-           "DmmaGeometry"]
+           "dmma_exp_ahead", "DmmaGeometry"]
 
 DMMA_WARPS = 4
 _PAD_K, _PAD_V = 4, 2               # doubles of padding per shared row (module docstring)
@@ -198,23 +198,53 @@ def kv_stage(dyn, q_words, stage, block_n, k_row, v_row):
             shared_view(dyn, base + block_n * k_row, block_n, v_row))
 
 
+def _copy_split(head_dim: int, geo: DmmaGeometry) -> tuple[int, int, int, int]:
+    """How a block's threads copy one K / V tile (``copy_kv_rows``): threads per key row, rows
+    per pass, passes, 16-byte chunks per thread and row; ValueError for a tiling whose copies
+    do not split evenly over the threads."""
+    threads, chunks = 32 * geo.warps, head_dim // 2
+    per_row = max(1, threads // geo.block_n)
+    rows = threads // per_row
+    passes = geo.block_n // rows
+    if (geo.block_n % 16 or rows * passes != geo.block_n or per_row * rows != threads
+            or chunks % per_row or geo.stages not in (1, 2) or geo.warps < 1):
+        raise ValueError(f"the tiling {tuple(geo)} is not one the kernel takes (keys per tile a "
+                         f"multiple of 16 whose copies split evenly over the threads; 1 or 2 "
+                         f"stages)")
+    return per_row, rows, passes, chunks // per_row
+
+
 @inlined
-def copy_kv_rows(dyn, k_dst, v_dst, k, v, k_src, v_src, k_step, v_step, row, k_end, k_row,
-                 v_row, tpl, rpp, passes, nseg):
-    """Start this thread's cp.async copies of one K / V tile, committed as one group: array rows
-    ``row + rpp ps`` (``ps < passes``; zeros at or past ``k_end``), in each ``nseg`` 16-byte
-    chunks ``tpl`` apart, from the byte offsets ``k_src`` / ``v_src`` of the thread's first
-    chunk in row 0 (``k_step`` / ``v_step`` bytes per row) to the words ``k_dst`` / ``v_dst``
-    of ``dyn`` (``k_row`` / ``v_row`` per shared row)."""
+def copy_offsets(k, v, ab, hk, tid, q_words, block_n, k_row, v_row, tpl):
+    """This thread's part of every K / V tile copy: ``(row, k_dst, v_dst, k_src, v_src, k_step,
+    v_step)``: its first key row in a tile, the words of its first chunk in stage 0's shared K
+    / V tiles, the byte offsets of that chunk in row 0 of ``k[ab, :, hk]`` / ``v[ab, :, hk]``
+    and the arrays' bytes per row."""
+    row, part = tid // tpl, tid % tpl
+    k_dst = q_words + row * k_row + 2 * part
+    v_dst = q_words + block_n * k_row + row * v_row + 2 * part
+    return (row, k_dst, v_dst, ab * k.strides[0] + hk * k.strides[2] + 16 * part,
+            ab * v.strides[0] + hk * v.strides[2] + 16 * part, k.strides[1], v.strides[1])
+
+
+@inlined
+def copy_kv_rows(dyn, cp, stage_words, k, v, row0, k_end, k_row, v_row, tpl, rpp, passes, nseg):
+    """Start this thread's cp.async copies of one K / V tile into the stage ``stage_words``
+    past stage 0, committed as one group: array rows ``row0 + cp_row + rpp ps`` (``ps <
+    passes``; zeros at or past ``k_end``), in each ``nseg`` 16-byte chunks ``tpl`` apart (``cp``:
+    ``copy_offsets``; ``k_row`` / ``v_row`` words per shared row)."""
+    cp_row, k_dst, v_dst, k_src, v_src, k_step, v_step = cp
     for ps in range(passes):
-        r = row + ps * rpp
+        r = row0 + cp_row + ps * rpp
         ok = r < k_end
-        n = 16 if ok else 0
+        src_bytes = 16 if ok else 0
         r = r if ok else 0
         for sg in range(nseg):
             c = 2 * tpl * sg
-            cp_async16_flat(dyn, k_dst + ps * rpp * k_row + c, k, k_src + r * k_step + 8 * c, n)
-            cp_async16_flat(dyn, v_dst + ps * rpp * v_row + c, v, v_src + r * v_step + 8 * c, n)
+            cp_async16_flat(dyn, stage_words + k_dst + ps * rpp * k_row + c, k,
+                            k_src + r * k_step + 8 * c, src_bytes)
+            cp_async16_flat(dyn, stage_words + v_dst + ps * rpp * v_row + c, v,
+                            v_src + r * v_step + 8 * c, src_bytes)
     cp_async_commit()
 
 
@@ -295,17 +325,8 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
     NATIVE = bool(native)
     KS, ND = D // 16, D // 8             # k-steps of Q K^T; n-tiles of the output
     NS, KP = BN // 8, BN // 16           # n-tiles of S; k-steps of P V
-    DK, DV, Q_WORDS, _ = _smem_words(D, geo)
-    CPR = D // 2                         # 16-byte copies per K / V row
-    TPL = max(1, NT // BN)               # threads per row of a tile's copy, RPP rows per pass
-    RPP = NT // TPL
-    PASSES, NSEG = BN // RPP, CPR // TPL
-    STAGE_WORDS = BN * (DK + DV)
-    if (BN % 16 or RPP * PASSES != BN or TPL * RPP != NT or CPR % TPL or STAGES not in (1, 2)
-            or WARPS < 1):
-        raise ValueError(f"the tiling {tuple(geo)} is not one the kernel takes (keys per tile a "
-                         f"multiple of 16 whose copies split evenly over the threads; 1 or 2 "
-                         f"stages)")
+    DK, DV, Q_WORDS, STAGE_WORDS = _smem_words(D, geo)
+    TPL, RPP, PASSES, NSEG = _copy_split(D, geo)     # threads per K / V row, rows per pass, ...
     QN = 1 if Q_SMEM else D // 2         # registers per lane: Q fragments, S, O
     SN, ON = 4 * NS, 4 * ND
     f64 = types.float64
@@ -354,15 +375,10 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
             sinks)
         tile = past_sinks(tile, tile_lo, sink_tiles, has_sinks)
         k_end = k_off + seqlen_k         # the copies' bound, in the arrays' rows
-        cp_row, cp_part = tid // TPL, tid % TPL
-        k_dst = Q_WORDS + cp_row * DK + 2 * cp_part         # the thread's first copy, stage 0
-        v_dst = Q_WORDS + BN * DK + cp_row * DV + 2 * cp_part
-        k_src = ab * k.strides[0] + hk * k.strides[2] + 16 * cp_part     # bytes
-        v_src = ab * v.strides[0] + hk * v.strides[2] + 16 * cp_part
-        k_step, v_step = k.strides[1], v.strides[1]
+        cp = copy_offsets(k, v, ab, hk, tid, Q_WORDS, BN, DK, DV, TPL)
         if STAGES == 2 and tile <= last:
-            copy_kv_rows(dyn, k_dst, v_dst, k, v, k_src, v_src, k_step, v_step,
-                         k_off + tile * BN + cp_row, k_end, DK, DV, TPL, RPP, PASSES, NSEG)
+            copy_kv_rows(dyn, cp, 0, k, v, k_off + tile * BN, k_end, DK, DV, TPL, RPP, PASSES,
+                         NSEG)
         stage = 0
         while tile <= last:
             k0 = tile * BN
@@ -372,15 +388,13 @@ def make_dmma_kernel(head_dim: int, has_left: bool, has_right: bool, has_sinks: 
                 cp_async_wait_all()
                 cuda.syncthreads()       # this tile landed; every warp is done with the other
                 if nxt <= last:
-                    other = (1 - stage) * STAGE_WORDS
-                    copy_kv_rows(dyn, k_dst + other, v_dst + other, k, v, k_src, v_src, k_step,
-                                 v_step, k_off + nxt * BN + cp_row, k_end, DK, DV, TPL, RPP,
-                                 PASSES, NSEG)
+                    copy_kv_rows(dyn, cp, (1 - stage) * STAGE_WORDS, k, v, k_off + nxt * BN,
+                                 k_end, DK, DV, TPL, RPP, PASSES, NSEG)
                 stage = 1 - stage
             else:
                 cuda.syncthreads()       # every warp is done with the previous tile
-                copy_kv_rows(dyn, k_dst, v_dst, k, v, k_src, v_src, k_step, v_step,
-                             k_off + k0 + cp_row, k_end, DK, DV, TPL, RPP, PASSES, NSEG)
+                copy_kv_rows(dyn, cp, 0, k, v, k_off + k0, k_end, DK, DV, TPL, RPP, PASSES,
+                             NSEG)
                 cp_async_wait_all()
                 cuda.syncthreads()
             scores(s, qf, qs, ks, Q_SMEM, NATIVE, warp * 16 + g, g, t, KS, NS)

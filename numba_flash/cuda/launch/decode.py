@@ -504,7 +504,8 @@ def _cached_plan(key, build):
 
 def _mma_plan(d, is_bf16, params, keep, dev, stream):
     """The tensor-core kernel's plan: folded merge with per-stream counters; plain launches
-    (docs/decode.md "Launch": programmatic dependent launch lost in loops of calls)."""
+    (docs/decode.md "Plain launches": programmatic dependent launch lost in loops of
+    calls)."""
     fold = not d.direct
     counters = _counters("cuda", dev, d.batch * d.heads_kv * d.chunks, stream) if fold else \
         placeholder(dev, (1,), np.int32)

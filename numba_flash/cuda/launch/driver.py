@@ -8,9 +8,9 @@ reports for the kernel (cuFuncGetParamInfo, read once per kernel; natural alignm
 older than 12.4, which lack it), handed to ``cuLaunchKernel`` as its ``extra``
 (CU_LAUNCH_PARAM_BUFFER_POINTER): one copy, where an array of one pointer per parameter has the
 driver copy ~130 parameters one by one. A call writes only the data pointers of the caller's
-arrays into their places and calls ``cuLaunchKernel`` through ctypes: no argument typing, no Numba device-array
-wrappers, no allocation. The driver copies the parameters at launch, so the buffer is free
-again when the call returns. The library's plan caches are per process, so threads share
+arrays into their places and calls ``cuLaunchKernel`` through ctypes: no argument typing, no
+Numba device-array wrappers, no allocation. The driver copies the parameters at launch, so the
+buffer is free again when the call returns. The library's plan caches are per process, so threads share
 plans: a plan's lock spans writing the pointers and the driver call (ctypes releases the
 interpreter lock during the call, when another thread could otherwise overwrite them).
 

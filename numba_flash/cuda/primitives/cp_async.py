@@ -5,8 +5,8 @@ group commit / wait instructions of a multi-stage pipeline.
 ``cp_async16_at`` from an element offset the caller computed from the strides (no per-copy
 index arithmetic), ``cp_async16_flat`` from a byte offset (the strides are in bytes, so a
 kernel parameter's stride multiplies as it is) to an element of a 1-D (dynamic) shared array,
-addressed in 32 bits. In the simulator the copy happens at once and
-the waits are no-ops.
+addressed in 32 bits. In the simulator the copy happens at once (an IndexError for elements
+outside the source array) and the waits are no-ops.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ __all__ = ["cp_async16", "cp_async16_at", "cp_async16_flat", "cp_async_commit",
 
 if not SIMULATOR:
     from llvmlite import ir
-    from numba import cuda
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
@@ -105,9 +104,14 @@ else:
 
     def _words_at(src, word_offset, count):
         """``count`` elements from ``word_offset`` elements past ``src``'s first one (any
-        strides)."""
+        non-negative strides); IndexError for elements outside the array's extent, as an
+        out-of-bounds copy on a GPU would read memory that is not the array's."""
         a = np.asarray(getattr(src, "_ary", src))
         off = int(word_offset)
+        extent = 1 + sum((n - 1) * st for n, st in zip(a.shape, a.strides)) // a.itemsize
+        if a.size == 0 or off < 0 or off + count > extent:
+            raise IndexError(f"a copy of elements {off}..{off + count - 1} from an array whose "
+                             f"extent is {extent} elements")
         flat = np.lib.stride_tricks.as_strided(a, shape=(off + count,), strides=(a.itemsize,))
         return flat[off:off + count]
 
@@ -121,7 +125,8 @@ else:
         """Copy 16 bytes at ``src_byte`` bytes past ``src``'s first element (any strides) to
         ``dst[dst_word:]`` (a 1-D shared array; zeros if src_bytes is 0)."""
         n = 16 // dst.dtype.itemsize
-        words = _words_at(src, src_byte // dst.dtype.itemsize, n)
+        itemsize = np.asarray(getattr(src, "_ary", src)).itemsize
+        words = _words_at(src, src_byte // itemsize, n)
         for e in range(n):
             dst[dst_word + e] = words[e] if src_bytes else 0
 
