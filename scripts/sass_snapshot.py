@@ -9,7 +9,7 @@ NVIDIA wheels; no GPU). The configurations cover every code path of forward.py's
 the mma.sync kernel (both m-tile counts, register and shared-memory Q, window, sinks, softcap,
 each mask kind, varlen, ALiBi), the wgmma kernel (sm_90a: plain, causal, interval mask), the
 exact float32 / float64 kernel (the same options) and the exact tensor-core kernels (DMMA,
-3xTF32: causal, window + sinks, softcap). Identical SASS means identical behaviour and
+3xTF32: causal, window + sinks, softcap; DMMA also at head_dim 32 / 128 and packed at 96). Identical SASS means identical behaviour and
 speed, so a change that passes ``--compare`` needs no new GPU run.
 """
 from __future__ import annotations
@@ -63,6 +63,10 @@ CONFIGS.append(("wgmma_float16_d256_varlen_alibi", "float16", 256, _FLAGS["causa
 for _exact, _d in (("dmma", 64), ("tf32x3", 64)):
     for _flag in ("causal", "window_sinks", "softcap"):
         CONFIGS.append((f"{_exact}_d{_d}_{_flag}", _exact, _d, _FLAGS[_flag], {}, False))
+for _d in (32, 128):        # DMMA: Q's fragments in registers (32); 8 warps, one stage (128)
+    for _flag in ("plain", "window_sinks"):
+        CONFIGS.append((f"dmma_d{_d}_{_flag}", "dmma", _d, _FLAGS[_flag], {}, False))
+CONFIGS.append(("dmma_d96_varlen_causal", "dmma", 96, _FLAGS["causal"], {"varlen": True}, False))
 
 # The warp-specialised wgmma kernel (plain / causal, head_dim 96 / 128 / 256; interval masks at
 # 64 / 96 / 128).
@@ -88,7 +92,7 @@ def build(dtype: str, head_dim: int, flags, extra: dict, wgmma: bool):
     if dtype in ("dmma", "tf32x3"):
         factory = (forward_dmma.make_dmma_kernel if dtype == "dmma"
                    else forward_tf32x3.make_tf32x3_kernel)
-        kern = factory(head_dim, *flags)
+        kern = factory(head_dim, *flags, **extra)
         return kern.py_func, kr.forward_signature(False, dtype == "dmma"), (9, 0)
     if dtype in ("float16", "bfloat16"):
         kern = forward_mma.make_mma_kernel(head_dim, dtype == "bfloat16", *flags,
