@@ -126,3 +126,25 @@ def test_block_runner_yields_and_keeps_barriers():
     kernel[3, (16, 3)](out, rounds)
     expect = np.array([sum((t + 1) % 40 + r for r in range(rounds)) for t in range(40)])
     assert np.array_equal(out, np.broadcast_to(expect, (3, 40)))
+
+
+def test_offset_copies_stay_inside_the_source_array():
+    """The simulator's copies from a computed offset (``cp_async16_flat``: bytes;
+    ``cp_async16_at``: elements) read what a GPU reads inside the array, any strides, and raise
+    IndexError past its extent, where a GPU would read memory that is not the array's."""
+    from numba_flash.cuda.primitives import cp_async16_at, cp_async16_flat
+
+    src = np.arange(2 * 3 * 4, dtype=np.float64).reshape(2, 3, 4)[:, ::2]    # strided view
+    dst = np.full(8, np.nan)
+    cp_async16_flat(dst, 2, src, src.strides[0] + 8, 16)     # row [1, 0], elements 1 and 2
+    assert dst[2:4].tolist() == [13.0, 14.0] and np.isnan(dst[:2]).all()
+    cp_async16_flat(dst, 4, src, 0, 0)                       # src_bytes 0: zeros
+    assert dst[4:6].tolist() == [0.0, 0.0]
+    last = (src.strides[0] + src.strides[1]) // 8 + 3      # src[1, 1, 3], the last element
+    with pytest.raises(IndexError):
+        cp_async16_flat(dst, 0, src, 8 * last, 16)          # it and one past it
+    with pytest.raises(IndexError):
+        cp_async16_flat(dst, 0, src, -8, 16)
+    words = np.zeros((2, 4), np.float32)
+    with pytest.raises(IndexError):
+        cp_async16_at(words, 0, 0, np.zeros(6, np.float32), 3, 16)
