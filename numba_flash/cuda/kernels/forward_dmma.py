@@ -50,7 +50,7 @@ from .jitcache import jit_kernel
 from .masking import key_tiles, past_sinks
 from .sequences import clear_unowned_rows, packed_sequence
 from .schedule import group_keys, query_tile_of_block
-from .tile_ops import masked_score, row_maxima, row_sum, store_q_rows
+from .tile_ops import exp_scores, masked_score, row_maxima, row_sum, store_q_rows
 
 __all__ = ["make_dmma_kernel", "dmma_supported", "dmma_geometry", "dmma_smem_bytes",
            "dmma_exp_ahead", "DmmaGeometry"]
@@ -149,21 +149,6 @@ def scores(s, qf, qs, ks, q_smem, native, r, g, t, k_steps, n_tiles):
                 native, a0, a1, a2, a3, a4, a5, a6, a7, ks[key, c], ks[key, c + 4],
                 ks[key, c + 8], ks[key, c + 12], s[4 * n], s[4 * n + 1], s[4 * n + 2],
                 s[4 * n + 3])
-
-
-@inlined
-def exp_scores(s, mu0, mu1, lo, hi, rs0, rs1):
-    """P = exp(S - mu) in place of the scores ``s[lo:hi]`` (row maxima ``mu0`` / ``mu1``: a
-    lane's rows g, g + 8 own elements 0, 1 / 2, 3 of each n-tile); returns the rows' partial
-    sums ``rs0`` / ``rs1`` with these P added."""
-    for e in range(lo, hi):
-        p = math.exp(s[e] - (mu0 if e % 4 < 2 else mu1))
-        s[e] = p
-        if e % 4 < 2:
-            rs0 += p
-        else:
-            rs1 += p
-    return rs0, rs1
 
 
 @inlined

@@ -10,8 +10,8 @@ import math
 from ..primitives import cp_async16, cp_async_commit, shfl_xor
 from ..primitives.base import inlined
 
-__all__ = ["copy_kv_tile", "masked_score", "row_max", "row_maxima", "row_sum", "store_q_rows",
-           "window_visible"]
+__all__ = ["copy_kv_tile", "exp_scores", "masked_score", "row_max", "row_maxima", "row_sum",
+           "store_q_rows", "window_visible"]
 
 
 @inlined
@@ -101,6 +101,22 @@ def row_maxima(m0, m1, mx0, mx1, zero):
 
 
 @inlined
+def exp_scores(s, mu0, mu1, lo, hi, rs0, rs1):
+    """P = exp(S - mu) in place of the scores ``s[lo:hi]`` (``lo``, ``hi`` multiples of 4: whole
+    n-tiles; row maxima ``mu0`` / ``mu1``: a lane's rows g, g + 8 own elements 0, 1 / 2, 3 of
+    each n-tile); returns the rows' partial sums ``rs0`` / ``rs1`` with these P added."""
+    for n in range(lo // 4, hi // 4):
+        for e in range(4):
+            p = math.exp(s[4 * n + e] - (mu0 if e < 2 else mu1))
+            s[4 * n + e] = p
+            if e < 2:
+                rs0 += p
+            else:
+                rs1 += p
+    return rs0, rs1
+
+
+@inlined
 def exponentiate_rows(s, m0, m1, mx0, mx1, n_tiles, zero):
     """The exponential step of an online softmax on an mma accumulator tile ``s`` (``n_tiles``
     8-column n-tiles; a lane's rows g and g + 8): the rows' new maxima from the running
@@ -109,13 +125,5 @@ def exponentiate_rows(s, m0, m1, mx0, mx1, n_tiles, zero):
     the factors ``exp(old - new)`` for the running state and the rows' sums over the tile:
     ``(n0, n1, alpha0, alpha1, sum0, sum1)``."""
     n0, n1, mu0, mu1, alpha0, alpha1 = row_maxima(m0, m1, mx0, mx1, zero)
-    rs0 = rs1 = zero
-    for n in range(n_tiles):
-        for e in range(4):
-            p = math.exp(s[4 * n + e] - (mu0 if e < 2 else mu1))
-            s[4 * n + e] = p
-            if e < 2:
-                rs0 += p
-            else:
-                rs1 += p
+    rs0, rs1 = exp_scores(s, mu0, mu1, 0, 4 * n_tiles, zero, zero)
     return n0, n1, alpha0, alpha1, row_sum(rs0), row_sum(rs1)
